@@ -1,0 +1,260 @@
+"""Exactly-once ingest: Kafka topics -> bronze -> refine -> silver, quarantine, gold.
+
+Invariants (the kafka-delta-ingest way, extended to the derived tables):
+
+1. Bronze is the source of truth for Kafka progress. Each bronze commit carries,
+   for every partition it holds rows of, a Delta app transaction
+   `genenv-ingest/<topic>/<partition>` whose version is the last offset written.
+   On start each partition is consumed from that version + 1. Kafka's committed
+   offsets are never read or written.
+2. A refine step writes the derived tables in a fixed order, silver/validations
+   last. That last commit carries the step's *commit record* in its commit
+   metadata: the step number, the bronze watermark (last offset refined per
+   topic-partition) and every derived table's version after the step.
+3. On start, a derived table that is newer than the commit record says (a step
+   died half way) is restored to the recorded version; then the bronze rows past
+   the watermark are refined again, before anything new is read from Kafka. A
+   step is therefore visible in full or not at all.
+4. The refine state is derived from the tables at that point (RefineState.load).
+
+So every record Kafka offers lands once in bronze and once in exactly one of
+silver/<kind> or silver/quarantine, however often the ingestor is killed.
+Memory is bounded by the micro-batch (`max_batch_records`), the rows waiting for
+their task (`max_pending`), and the id index of what has landed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import polars as pl
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction
+
+from streams.kafka import ALL_TOPICS, assigned_consumer, ensure_topics, partitions_of
+
+from .refine import RawRecord, Refiner, RefineOutput, RefineState, bronze_record
+from .tables import BRONZE_SCHEMA, DERIVED_TABLES, SCHEMAS, VALIDATIONS, Lake, bronze
+
+log = logging.getLogger(__name__)
+
+COMMIT_RECORD_KEY = "genenv.refine"
+
+
+def app_id(topic: str, partition: int) -> str:
+    return f"genenv-ingest/{topic}/{partition}"
+
+
+@dataclass
+class IngestConfig:
+    max_batch_records: int = 20_000  # a micro-batch closes at this many records ...
+    max_batch_ms: int = 1_000  # ... or after this long, whichever comes first
+    max_wait_s: float = 30.0  # how long a rollout/reward waits for its task before quarantine
+    max_pending: int = 100_000  # how many rows may wait for their task at once
+    partitions: int = 3  # partitions per topic when the ingestor creates the topics
+    topics: tuple[str, ...] = ALL_TOPICS
+
+
+@dataclass
+class CommitRecord:
+    seq: int = 0
+    watermark: dict[str, dict[int, int]] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"seq": self.seq, "watermark": self.watermark, "versions": self.versions}, sort_keys=True)
+
+    @classmethod
+    def read(cls, lake: Lake) -> "CommitRecord":
+        """The commit record of the last complete refine step (an empty one before the first)."""
+        for commit in DeltaTable(lake.uri(VALIDATIONS)).history():
+            raw = commit.get(COMMIT_RECORD_KEY)
+            if raw:
+                data = json.loads(raw)
+                watermark = {t: {int(p): o for p, o in parts.items()} for t, parts in data["watermark"].items()}
+                return cls(data["seq"], watermark, data["versions"])
+        return cls(versions={name: 0 for name in DERIVED_TABLES})
+
+
+@dataclass
+class IngestStats:
+    records: int = 0
+    steps: int = 0
+    rows: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def summary(self) -> dict:
+        return {"records": self.records, "steps": self.steps, **dict(sorted(self.rows.items()))}
+
+
+def stored_offsets(lake: Lake, topic: str, partitions: list[int]) -> dict[int, int]:
+    """Last offset of each partition that bronze holds, from its app transactions."""
+    table = DeltaTable(lake.uri(bronze(topic)))
+    offsets = {}
+    for p in partitions:
+        version = table.transaction_version(app_id(topic, p))
+        if version is not None:
+            offsets[p] = version
+    return offsets
+
+
+class Ingestor:
+    def __init__(self, lake: Lake, bootstrap: str, config: IngestConfig | None = None, runner=None):
+        self.lake = lake
+        self.bootstrap = bootstrap
+        self.config = config or IngestConfig()
+        self.stats = IngestStats()
+        self.consumer = None
+        self._runner = runner
+        self.refiner: Refiner | None = None
+        self.record: CommitRecord | None = None
+
+    # -- start ----------------------------------------------------------------------------------
+    def start(self) -> "Ingestor":
+        ensure_topics(self.bootstrap, self.config.partitions, self.config.topics)
+        self.recover()
+        self.consumer = assigned_consumer(self.bootstrap, self.config.topics, client_id="genenv-ingest",
+                                          max_poll_records=self.config.max_batch_records)
+        for topic in self.config.topics:
+            tps = partitions_of(self.consumer, topic)
+            stored = stored_offsets(self.lake, topic, [tp.partition for tp in tps])
+            for tp in tps:
+                if tp.partition in stored:
+                    self.consumer.seek(tp, stored[tp.partition] + 1)
+        return self
+
+    def recover(self) -> None:
+        """Roll back a half-written refine step, rebuild the state, refine what bronze holds beyond the watermark."""
+        record = CommitRecord.read(self.lake)
+        for name in DERIVED_TABLES:
+            expected = record.versions.get(name, 0)
+            if self.lake.version(name) > expected:
+                log.warning("restoring %s to version %d (a refine step did not complete)", name, expected)
+                self.lake.restore(name, expected)
+        self.record = record
+        state = RefineState.load(self.lake, record.watermark)
+        self.refiner = Refiner(state, self._runner, self.config.max_wait_s, self.config.max_pending)
+        gap = self._bronze_past_watermark(record.watermark)
+        if gap:
+            log.info("refining %d bronze records past the watermark", len(gap))
+            self._refine_and_commit(gap)
+
+    def _bronze_past_watermark(self, watermark: dict[str, dict[int, int]]) -> list[RawRecord]:
+        records = []
+        for topic in self.config.topics:
+            marks = watermark.get(topic, {})
+            past = pl.lit(True) if not marks else pl.all_horizontal(
+                [(pl.col("kafka_partition") != p) | (pl.col("kafka_offset") > o) for p, o in marks.items()]
+            )
+            rows = pl.scan_delta(self.lake.uri(bronze(topic))).filter(past).collect()
+            records.extend(bronze_record(row) for row in rows.sort(["kafka_partition", "kafka_offset"]).iter_rows(named=True))
+        return records
+
+    # -- the loop -------------------------------------------------------------------------------
+    def poll_batch(self) -> list[RawRecord]:
+        cfg = self.config
+        batch: list[RawRecord] = []
+        deadline = time.monotonic() + cfg.max_batch_ms / 1000
+        while len(batch) < cfg.max_batch_records:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                break
+            polled = self.consumer.poll(timeout_ms=remaining_ms, max_records=cfg.max_batch_records - len(batch))
+            for tp, messages in polled.items():
+                batch.extend(RawRecord(tp.topic, tp.partition, m.offset, m.timestamp, m.key, m.value) for m in messages)
+        return batch
+
+    def run(self, idle_exit_s: float | None = None, stop=None, on_step=None) -> IngestStats:
+        """Consume until `stop()` is true, or until nothing arrived for `idle_exit_s` seconds."""
+        if self.consumer is None:
+            self.start()
+        last_data = time.monotonic()
+        while not (stop and stop()):
+            batch = self.poll_batch()
+            if batch:
+                self.step(batch)
+                last_data = time.monotonic()
+                if on_step:
+                    on_step(self.stats)
+                continue
+            self._release_expired()
+            if idle_exit_s is not None and time.monotonic() - last_data >= idle_exit_s and not self._waiting():
+                break
+        return self.stats
+
+    def _waiting(self) -> bool:
+        return bool(self.refiner.state.pending)
+
+    def step(self, batch: list[RawRecord]) -> None:
+        self._write_bronze(batch)
+        self._refine_and_commit(batch)
+
+    def _write_bronze(self, batch: list[RawRecord]) -> None:
+        now = pa.scalar(time.time() * 1_000_000, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+        by_topic: dict[str, list[RawRecord]] = defaultdict(list)
+        for r in batch:
+            by_topic[r.topic].append(r)
+        for topic, records in by_topic.items():
+            last = {}
+            for r in records:
+                last[r.partition] = max(last.get(r.partition, -1), r.offset)
+            rows = pa.table({
+                "topic": pa.array([topic] * len(records), pa.string()),
+                "kafka_partition": pa.array([r.partition for r in records], pa.int32()),
+                "kafka_offset": pa.array([r.offset for r in records], pa.int64()),
+                "kafka_timestamp": pa.array([r.timestamp for r in records], pa.int64()),
+                "key": pa.array([r.key for r in records], pa.binary()),
+                "value": pa.array([r.value for r in records], pa.binary()),
+                "ingested_at": pa.array([now.as_py()] * len(records), pa.timestamp("us", tz="UTC")),
+            }, schema=BRONZE_SCHEMA)
+            txns = [Transaction(app_id(topic, p), offset) for p, offset in sorted(last.items())]
+            self.lake.append(bronze(topic), rows, CommitProperties(app_transactions=txns))
+            self.stats.rows[bronze(topic)] += len(records)
+        self.stats.records += len(batch)
+
+    def _refine_and_commit(self, batch: list[RawRecord]) -> None:
+        seq = self.record.seq + 1
+        out = self.refiner.refine(batch, time.time(), seq)
+        watermark = {t: dict(parts) for t, parts in self.record.watermark.items()}
+        for r in batch:
+            parts = watermark.setdefault(r.topic, {})
+            parts[r.partition] = max(parts.get(r.partition, -1), r.offset)
+        self._commit(out, CommitRecord(seq, watermark, dict(self.record.versions)))
+
+    def _release_expired(self) -> None:
+        out = self.refiner.release_expired(time.time(), self.record.seq + 1)
+        if out is not None:
+            self._commit(out, CommitRecord(self.record.seq + 1, self.record.watermark, dict(self.record.versions)))
+
+    def _commit(self, out: RefineOutput, record: CommitRecord) -> None:
+        for name in DERIVED_TABLES:
+            if name == VALIDATIONS:
+                continue
+            rows = out.rows.get(name)
+            if rows:
+                record.versions[name] = self.lake.append(name, pa.Table.from_pylist(rows, SCHEMAS[name]))
+                self.stats.rows[name] += len(rows)
+        # Written last; its version is known only after the write, so the record stores the version before it.
+        record.versions[VALIDATIONS] = self.lake.version(VALIDATIONS) + 1
+        self.lake.append(VALIDATIONS, pa.Table.from_pylist(out.rows[VALIDATIONS], SCHEMAS[VALIDATIONS]),
+                         CommitProperties(custom_metadata={COMMIT_RECORD_KEY: record.to_json()}))
+        self.record = record
+        self.stats.steps += 1
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
+
+
+def ingest(lake: Lake, bootstrap: str, config: IngestConfig | None = None, idle_exit_s: float | None = None,
+           stop=None, on_step=None) -> IngestStats:
+    """Run an ingestor until idle (or stopped) and return what it wrote."""
+    ingestor = Ingestor(lake, bootstrap, config)
+    try:
+        return ingestor.run(idle_exit_s=idle_exit_s, stop=stop, on_step=on_step)
+    finally:
+        ingestor.close()

@@ -1,0 +1,221 @@
+"""The lake's layout and table schemas.
+
+    <root>/bronze/<topic>          raw Kafka records, exactly once (app transactions per partition)
+    <root>/silver/<kind>           typed events that passed their expectation suite
+    <root>/silver/quarantine       everything that did not, with the failed checks and the raw bytes
+    <root>/silver/validations      one row per validation run; its commits are the refine layer's commit record
+    <root>/gold/d_train            the agent's pool: rollouts joined with their rewards
+    <root>/gold/d_env              the simulator's pool: generations joined with their batch's curriculum reward
+    <root>/registry/checkpoints    every model version with its lineage
+
+Every table is created up front with its schema, so each has a version from
+the start and readers never meet a missing table.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from streams.events import EVENT_TYPES, TOPICS, field_types
+
+KAFKA_COLUMNS = [
+    pa.field("kafka_partition", pa.int32(), nullable=False),
+    pa.field("kafka_offset", pa.int64(), nullable=False),
+    pa.field("kafka_timestamp", pa.int64(), nullable=False),
+]
+
+BRONZE_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        *KAFKA_COLUMNS,
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("ingested_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+QUARANTINE_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        *KAFKA_COLUMNS,
+        pa.field("kind", pa.string()),
+        pa.field("event_id", pa.string()),
+        pa.field("task_id", pa.string()),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("failed_checks", pa.list_(pa.string()), nullable=False),
+        pa.field("raw", pa.binary()),
+    ]
+)
+
+VALIDATIONS_SCHEMA = pa.schema(
+    [
+        pa.field("refine_seq", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("suite", pa.string(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("passed", pa.int64(), nullable=False),
+        pa.field("failed", pa.int64(), nullable=False),
+        pa.field("unexpected_counts", pa.string(), nullable=False),  # JSON {check: count}
+        pa.field("success", pa.bool_(), nullable=False),
+        pa.field("validated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+
+def arrow_type(annotation) -> pa.DataType:
+    origin = typing.get_origin(annotation)
+    if origin in (types.UnionType, typing.Union):
+        (inner,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return arrow_type(inner)
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        return pa.list_(arrow_type(item))
+    return {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}[annotation]
+
+
+def event_schema(kind: str) -> pa.Schema:
+    """Silver schema of an event kind: its fields, typed, then where it came from in Kafka."""
+    fields = [pa.field(name, arrow_type(t)) for name, t in field_types(EVENT_TYPES[kind]).items()]
+    return pa.schema(fields + KAFKA_COLUMNS)
+
+
+D_TRAIN_SCHEMA = pa.schema(
+    [
+        pa.field("rollout_id", pa.string(), nullable=False),
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("epoch", pa.int64(), nullable=False),
+        pa.field("group_index", pa.int64(), nullable=False),
+        pa.field("agent_model_version", pa.string(), nullable=False),
+        pa.field("prompt", pa.string(), nullable=False),
+        pa.field("completion", pa.string(), nullable=False),
+        pa.field("completion_token_ids", pa.list_(pa.int64())),
+        pa.field("behaviour_logprobs", pa.list_(pa.float64())),
+        pa.field("reward", pa.float64(), nullable=False),
+        pa.field("success", pa.bool_(), nullable=False),
+        pa.field("checker_detail", pa.string()),
+        pa.field("rollout_event_id", pa.string(), nullable=False),
+        pa.field("reward_event_id", pa.string(), nullable=False),
+    ]
+)
+
+D_ENV_SCHEMA = pa.schema(
+    [
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("batch_id", pa.string(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("epoch", pa.int64(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("env_model_version", pa.string(), nullable=False),
+        pa.field("sim_prompt", pa.string(), nullable=False),
+        pa.field("raw_generation", pa.string(), nullable=False),
+        pa.field("task_prompt", pa.string()),
+        pa.field("valid", pa.bool_(), nullable=False),
+        pa.field("difficulty_json", pa.string()),
+        pa.field("granularity", pa.string(), nullable=False),
+        pa.field("p_hat", pa.float64(), nullable=False),
+        pa.field("env_reward", pa.float64(), nullable=False),
+        pa.field("weight", pa.float64(), nullable=False),
+        pa.field("filtered", pa.bool_(), nullable=False),
+        pa.field("task_event_id", pa.string(), nullable=False),
+        pa.field("batch_event_id", pa.string(), nullable=False),
+    ]
+)
+
+CHECKPOINTS_SCHEMA = pa.schema(
+    [f for f in event_schema("checkpoint") if f.name not in {"kafka_partition", "kafka_offset", "kafka_timestamp"}]
+)
+
+SILVER_KINDS = tuple(EVENT_TYPES)  # task, rollout, reward, batch, checkpoint
+
+
+def bronze(topic: str) -> str:
+    return f"bronze/{topic}"
+
+
+def silver(kind: str) -> str:
+    return f"silver/{kind}"
+
+
+QUARANTINE = "silver/quarantine"
+VALIDATIONS = "silver/validations"
+D_TRAIN = "gold/d_train"
+D_ENV = "gold/d_env"
+CHECKPOINTS = "registry/checkpoints"
+POOLS = {"d_train": D_TRAIN, "d_env": D_ENV}
+
+SCHEMAS: dict[str, pa.Schema] = {
+    **{bronze(topic): BRONZE_SCHEMA for topic in TOPICS.values()},
+    **{silver(kind): event_schema(kind) for kind in SILVER_KINDS},
+    QUARANTINE: QUARANTINE_SCHEMA,
+    D_TRAIN: D_TRAIN_SCHEMA,
+    D_ENV: D_ENV_SCHEMA,
+    CHECKPOINTS: CHECKPOINTS_SCHEMA,
+    VALIDATIONS: VALIDATIONS_SCHEMA,
+}
+
+# Tables the refine step writes, in the order it writes them. VALIDATIONS is last:
+# its commit is the commit record of a refine step (see lake/ingest.py).
+DERIVED_TABLES: tuple[str, ...] = (
+    *(silver(kind) for kind in SILVER_KINDS), QUARANTINE, D_TRAIN, D_ENV, CHECKPOINTS, VALIDATIONS,
+)
+
+
+class LakeError(RuntimeError):
+    pass
+
+
+class Lake:
+    """A lake root (a local directory here; any delta-rs URI in deployment)."""
+
+    def __init__(self, root: str | Path, create: bool = True):
+        self.root = str(root)
+        self._writers: dict[str, DeltaTable] = {}
+        if "://" not in self.root:
+            path = Path(self.root)
+            if path.exists() and not path.is_dir():
+                raise LakeError(f"lake path {path} exists and is not a directory")
+            if not create and not (path / "silver").is_dir():
+                raise LakeError(f"no lake at {path} (run `genenv ingest --lake {path}` or `genenv run` first)")
+            self.root = str(path.resolve())
+        if create:
+            self.ensure()
+
+    def uri(self, table: str) -> str:
+        return f"{self.root}/{table}"
+
+    def ensure(self) -> None:
+        for name, schema in SCHEMAS.items():
+            if not DeltaTable.is_deltatable(self.uri(name)):
+                DeltaTable.create(self.uri(name), schema, mode="ignore", name=name.replace("/", "_"))
+
+    def table(self, name: str, version: int | None = None) -> DeltaTable:
+        if name not in SCHEMAS:
+            raise LakeError(f"unknown table {name!r}; tables: {', '.join(sorted(SCHEMAS))}")
+        uri = self.uri(name)
+        if not DeltaTable.is_deltatable(uri):
+            raise LakeError(f"table {name} does not exist under {self.root}")
+        dt = DeltaTable(uri)
+        if version is not None:
+            if version < 0 or version > dt.version():
+                raise LakeError(f"{name} has no version {version} (latest is {dt.version()})")
+            dt.load_as_version(version)
+        return dt
+
+    def append(self, name: str, rows: pa.Table, commit_properties=None) -> int:
+        """Append rows (cast to the table's schema) and return the new version."""
+        handle = self._writers.get(name) or self._writers.setdefault(name, DeltaTable(self.uri(name)))
+        write_deltalake(handle, rows.cast(SCHEMAS[name]), mode="append", commit_properties=commit_properties)
+        return handle.version()
+
+    def version(self, name: str) -> int:
+        return DeltaTable(self.uri(name)).version()
+
+    def restore(self, name: str, version: int) -> None:
+        self._writers.pop(name, None)
+        DeltaTable(self.uri(name)).restore(version)

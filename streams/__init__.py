@@ -1,0 +1,26 @@
+"""Kafka: event schemas, producer/consumer helpers and the local broker launcher."""
+
+from .broker import BOOTSTRAP_ENV, BrokerError, LocalBroker, configured_bootstrap, kafka_bootstrap
+from .events import (
+    EVENT_TYPES,
+    KIND_OF_TOPIC,
+    SCHEMA_VERSION,
+    TOPICS,
+    BatchScored,
+    CheckpointPublished,
+    Event,
+    EventDecodeError,
+    RewardScored,
+    RolloutCompleted,
+    TaskGenerated,
+    decode,
+    parse_envelope,
+)
+from .kafka import ALL_TOPICS, DEFAULT_PARTITIONS, EventProducer, assigned_consumer, ensure_topics
+
+__all__ = [
+    "ALL_TOPICS", "BOOTSTRAP_ENV", "DEFAULT_PARTITIONS", "EVENT_TYPES", "KIND_OF_TOPIC", "SCHEMA_VERSION", "TOPICS",
+    "BatchScored", "BrokerError", "CheckpointPublished", "Event", "EventDecodeError", "EventProducer", "LocalBroker",
+    "RewardScored", "RolloutCompleted", "TaskGenerated", "assigned_consumer", "configured_bootstrap", "decode",
+    "ensure_topics", "kafka_bootstrap", "parse_envelope",
+]

