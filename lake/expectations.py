@@ -99,7 +99,8 @@ class SuiteRunner:
         import great_expectations as gx
         from great_expectations.data_context.types.base import ProgressBarsConfig
 
-        logging.getLogger("great_expectations").setLevel(logging.ERROR)
+        for name in ("great_expectations", "great_expectations.data_context.types.base"):
+            logging.getLogger(name).setLevel(logging.ERROR)
         self.gx = gx
         import great_expectations.expectations as gxe
 

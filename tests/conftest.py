@@ -1,0 +1,52 @@
+"""Shared fixtures: one real local broker per session, real Delta lakes in temp dirs, one GX context."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lake import Lake  # noqa: E402
+from lake.expectations import SuiteRunner  # noqa: E402
+from streams import LocalBroker, ensure_topics  # noqa: E402
+
+def _tansu_children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if "tansu" in (p.name() or "")]
+
+
+@pytest.fixture
+def broker():
+    """A fresh local Tansu broker per test (it starts in well under a second), so topics never leak between tests."""
+    local = LocalBroker().start()
+    ensure_topics(local.bootstrap)
+    yield local
+    local.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_broker_outlives_the_session():
+    yield
+    assert not _tansu_children(), "a broker process outlived the test session"
+
+
+@pytest.fixture(scope="session")
+def runner():
+    return SuiteRunner()
+
+
+@pytest.fixture
+def lake(tmp_path) -> Lake:
+    return Lake(tmp_path / "lake")
+
+
+def genenv_cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """Run the installed CLI as a user would."""
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, **kwargs)

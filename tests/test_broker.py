@@ -1,0 +1,60 @@
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from streams import LocalBroker, kafka_bootstrap
+from streams.broker import broker_answers
+
+from conftest import ROOT
+
+
+def test_local_broker_starts_answers_and_stops_cleanly():
+    broker = LocalBroker().start()
+    pid = broker.process.pid
+    assert broker_answers(broker.bootstrap)
+    broker.stop()
+    assert not broker.running
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not broker_answers(broker.bootstrap, timeout_s=0.5)
+
+
+def test_broker_stops_when_the_body_raises():
+    try:
+        with kafka_bootstrap(None) as bootstrap:
+            assert broker_answers(bootstrap)
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert not broker_answers(bootstrap, timeout_s=0.5)
+
+
+def test_configured_bootstrap_starts_nothing(monkeypatch):
+    monkeypatch.setenv("GENENV_KAFKA_BOOTSTRAP", "kafka.example:9092")
+    with kafka_bootstrap(None) as bootstrap:
+        assert bootstrap == "kafka.example:9092"
+
+
+def test_genenv_broker_prints_its_address_and_stops_on_ctrl_c():
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "broker"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        address = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and address is None:
+            line = proc.stdout.readline()
+            if line.startswith("127.0.0.1:"):
+                address = line.strip()
+        assert address and broker_answers(address)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert any("tansu" in c.name() for c in children)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        for child in children:
+            assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+        assert not broker_answers(address, timeout_s=0.5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
