@@ -1,21 +1,24 @@
 """Great Expectations suites, one per event kind, and a runner that says which rows failed which check.
 
-Each kind is validated in two passes over a pandas frame of object columns
-(so that GX checks every value's Python type, not the column's dtype):
+A kind's suite checks, over a pandas frame of object columns (so that GX checks
+every value's Python type, not the column's dtype):
 
-- shape:   required fields present (not null) and every field of its declared type;
+- shape:   required fields present (not null) and every field of its declared type
+           (list fields: the list and its items);
 - content: ids unique (a later copy of an id already in the batch or the lake fails),
            numbers in range (reward and p_hat in [0, 1], counts >= 0),
            text lengths bounded, and rollouts/rewards referring to known tasks.
 
-Only rows that pass `shape` reach `content`, so range checks never meet a
-string. A failing row is named by the checks it failed, as
-"<expectation type>(<column>)", for example
-"expect_column_values_to_be_between(reward)".
+Content checks that compare values (ranges, lengths) carry the row condition
+`well_typed == True`, so a string where a number belongs is reported by the type
+check instead of breaking the range check; one validation run covers both. A
+failing row is named by the checks it failed, in suite order, as
+"<expectation type>(<column>)", e.g. "expect_column_values_to_be_between(reward)".
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import types
 import typing
@@ -32,6 +35,8 @@ MAX_ID_CHARS = 256
 MAX_TEXT_CHARS = 200_000
 ITEMS_SUFFIX = "__items_typed"
 DUPLICATE = "duplicate_event_id"  # derived column: True when the id landed before (here or earlier)
+WELL_TYPED = "well_typed"  # derived column: every present value has its declared type
+
 
 # Content rules per kind: (column, min, max) for numbers, and which columns must be known task ids.
 RANGES: dict[str, list[tuple[str, float | None, float | None]]] = {
@@ -74,6 +79,16 @@ def _items_typed(value, annotation) -> bool | None:
     return all(isinstance(v, item) for v in value)
 
 
+@functools.cache
+def _accepted_types(kind: str) -> dict[str, tuple[type, ...]]:
+    """Exact Python types a JSON value may have per field (list items are checked by their own column)."""
+    python_types = {"str": (str,), "int": (int,), "float": (float, int), "bool": (bool,), "list": (list,)}
+    return {
+        name: tuple(t for n in _gx_type_names(a)[0] for t in python_types[n])
+        for name, a in field_types(EVENT_TYPES[kind]).items()
+    }
+
+
 def check_name(config) -> str:
     """"<expectation type>(<column>)" for an expectation configuration."""
     return f"{config.type}({config.kwargs.get('column', '')})"
@@ -107,54 +122,62 @@ class SuiteRunner:
         self.gxe = gxe
         self.context = gx.get_context(mode="ephemeral")
         self.context.variables.progress_bars = ProgressBarsConfig(globally=False)
+        from great_expectations.expectations.row_conditions import Column
+
+        self.typed_rows = {"row_condition": Column(WELL_TYPED) == True}  # noqa: E712 (a GX condition, not a test)
         source = self.context.data_sources.add_pandas("genenv")
         self.batches = {}
         for kind in EVENT_TYPES:
             asset = source.add_dataframe_asset(kind)
             self.batches[kind] = asset.add_batch_definition_whole_dataframe(f"{kind}-microbatch")
-        self.shape_suites = {kind: self._shape_suite(kind) for kind in EVENT_TYPES}
+        self.shape = {kind: self._shape_expectations(kind) for kind in EVENT_TYPES}
 
     # -- suites -------------------------------------------------------------------------------
-    def _shape_suite(self, kind: str):
+    def _shape_expectations(self, kind: str) -> list:
         gxe = self.gxe
         cls = EVENT_TYPES[kind]
-        suite = self.gx.ExpectationSuite(name=f"genenv.{kind}.shape")
-        for name in required_fields(cls) + ["event_id", "schema"]:
-            suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=name))
+        checks = [gxe.ExpectColumnValuesToNotBeNull(column=name) for name in (*required_fields(cls), "event_id", "schema")]
         for name, annotation in field_types(cls).items():
             type_names, is_list = _gx_type_names(annotation)
-            suite.add_expectation(gxe.ExpectColumnValuesToBeInTypeList(column=name, type_list=type_names))
+            checks.append(gxe.ExpectColumnValuesToBeInTypeList(column=name, type_list=type_names))
             if is_list:
-                suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(column=name + ITEMS_SUFFIX, value_set=[True]))
-        return suite
+                checks.append(gxe.ExpectColumnValuesToBeInSet(column=name + ITEMS_SUFFIX, value_set=[True]))
+        return checks
 
-    def content_suite(self, kind: str, known_task_ids: list[str] | None):
+    def suite(self, kind: str, unknown_task_ids: list[str] | None = None):
+        """The kind's suite for one micro-batch: shape checks, then content checks."""
         gxe = self.gxe
-        suite = self.gx.ExpectationSuite(name=f"genenv.{kind}.content")
+        checks = list(self.shape[kind])
         # Not ExpectColumnValuesToBeUnique: it would also reject the first occurrence, which is legitimate.
-        suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(column=DUPLICATE, value_set=[False]))
+        checks.append(gxe.ExpectColumnValuesToBeInSet(column=DUPLICATE, value_set=[False]))
         for column, low, high in RANGES.get(kind, []):
-            suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(column=column, min_value=low, max_value=high))
+            checks.append(gxe.ExpectColumnValuesToBeBetween(column=column, min_value=low, max_value=high, **self.typed_rows))
         for column, allowed in VALUE_SETS.get(kind, []):
-            suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=allowed))
+            checks.append(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=allowed))
         for name, annotation in field_types(EVENT_TYPES[kind]).items():
             if _gx_type_names(annotation)[0] == ["str"]:
                 limit = MAX_ID_CHARS if name in ID_COLUMNS else MAX_TEXT_CHARS
-                suite.add_expectation(gxe.ExpectColumnValueLengthsToBeBetween(column=name, max_value=limit))
-        if kind in REFERS_TO_TASK:
-            # The set is the intersection of the batch's task ids with the known ones: same verdicts, small config.
-            suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(column="task_id", value_set=known_task_ids or []))
-        return suite
+                checks.append(gxe.ExpectColumnValueLengthsToBeBetween(column=name, max_value=limit, **self.typed_rows))
+        if kind in REFERS_TO_TASK and unknown_task_ids:
+            # "Refers to a known task", stated as "is none of this batch's unknown task ids": the same verdicts,
+            # with a value set of a few ids instead of every id the lake knows (GX copies it on every access).
+            checks.append(gxe.ExpectColumnValuesToNotBeInSet(column="task_id", value_set=unknown_task_ids))
+        return self.gx.ExpectationSuite(name=f"genenv.{kind}", expectations=checks)
 
     # -- frames -------------------------------------------------------------------------------
     @staticmethod
-    def frame(kind: str, payloads: list[dict]) -> pd.DataFrame:
-        """Object-typed frame with one column per field (absent -> None) plus the list item checks."""
+    def frame(kind: str, payloads: list[dict], duplicate: list[bool]) -> pd.DataFrame:
+        """Object-typed frame with one column per field (absent -> None) and the derived check columns."""
         hints = field_types(EVENT_TYPES[kind])
         columns = {name: [p.get(name) for p in payloads] for name in hints}
         for name, annotation in hints.items():
             if _gx_type_names(annotation)[1]:
                 columns[name + ITEMS_SUFFIX] = [_items_typed(v, annotation) for v in columns[name]]
+        accepted = _accepted_types(kind)
+        columns[WELL_TYPED] = [
+            all(v is None or type(v) in accepted.get(k, (type(v),)) for k, v in p.items()) for p in payloads
+        ]
+        columns[DUPLICATE] = duplicate
         frame = pd.DataFrame(columns, dtype=object)
         frame.index = pd.RangeIndex(len(frame))
         return frame
@@ -165,7 +188,8 @@ class SuiteRunner:
             return verdict
         batch = self.batches[kind].get_batch(batch_parameters={"dataframe": frame})
         result = batch.validate(suite, result_format={"result_format": "COMPLETE", "partial_unexpected_count": 0})
-        for outcome in result.results:
+        order = {check_name(e.configuration): i for i, e in enumerate(suite.expectations)}
+        for outcome in sorted(result.results, key=lambda o: order[check_name(o.expectation_config)]):
             if outcome.success:
                 continue
             name = check_name(outcome.expectation_config)

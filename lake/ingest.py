@@ -25,6 +25,7 @@ their task (`max_pending`), and the id index of what has landed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -85,9 +86,19 @@ class IngestStats:
     records: int = 0
     steps: int = 0
     rows: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # by phase
+
+    @contextlib.contextmanager
+    def timed(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
 
     def summary(self) -> dict:
-        return {"records": self.records, "steps": self.steps, **dict(sorted(self.rows.items()))}
+        return {"records": self.records, "steps": self.steps, "rows": dict(sorted(self.rows.items())),
+                "seconds": {k: round(v, 2) for k, v in sorted(self.seconds.items())}}
 
 
 def stored_offsets(lake: Lake, topic: str, partitions: list[int]) -> dict[int, int]:
@@ -173,7 +184,8 @@ class Ingestor:
             self.start()
         last_data = time.monotonic()
         while not (stop and stop()):
-            batch = self.poll_batch()
+            with self.stats.timed("poll"):
+                batch = self.poll_batch()
             if batch:
                 self.step(batch)
                 last_data = time.monotonic()
@@ -189,7 +201,8 @@ class Ingestor:
         return bool(self.refiner.state.pending)
 
     def step(self, batch: list[RawRecord]) -> None:
-        self._write_bronze(batch)
+        with self.stats.timed("bronze"):
+            self._write_bronze(batch)
         self._refine_and_commit(batch)
 
     def _write_bronze(self, batch: list[RawRecord]) -> None:
@@ -217,7 +230,8 @@ class Ingestor:
 
     def _refine_and_commit(self, batch: list[RawRecord]) -> None:
         seq = self.record.seq + 1
-        out = self.refiner.refine(batch, time.time(), seq)
+        with self.stats.timed("refine"):
+            out = self.refiner.refine(batch, time.time(), seq)
         watermark = {t: dict(parts) for t, parts in self.record.watermark.items()}
         for r in batch:
             parts = watermark.setdefault(r.topic, {})
@@ -230,6 +244,12 @@ class Ingestor:
             self._commit(out, CommitRecord(self.record.seq + 1, self.record.watermark, dict(self.record.versions)))
 
     def _commit(self, out: RefineOutput, record: CommitRecord) -> None:
+        with self.stats.timed("commit"):
+            self._write_derived(out, record)
+        self.record = record
+        self.stats.steps += 1
+
+    def _write_derived(self, out: RefineOutput, record: CommitRecord) -> None:
         for name in DERIVED_TABLES:
             if name == VALIDATIONS:
                 continue
@@ -241,8 +261,6 @@ class Ingestor:
         record.versions[VALIDATIONS] = self.lake.version(VALIDATIONS) + 1
         self.lake.append(VALIDATIONS, pa.Table.from_pylist(out.rows[VALIDATIONS], SCHEMAS[VALIDATIONS]),
                          CommitProperties(custom_metadata={COMMIT_RECORD_KEY: record.to_json()}))
-        self.record = record
-        self.stats.steps += 1
 
     def close(self) -> None:
         if self.consumer is not None:

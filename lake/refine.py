@@ -25,7 +25,7 @@ import polars as pl
 
 from streams.events import EVENT_TYPES, KIND_OF_TOPIC, TOPICS, EventDecodeError, field_types, parse_envelope
 
-from .expectations import DUPLICATE, REFERS_TO_TASK, SuiteRunner
+from .expectations import REFERS_TO_TASK, SuiteRunner
 from .tables import CHECKPOINTS, D_ENV, D_TRAIN, QUARANTINE, VALIDATIONS, Lake, silver
 
 log = logging.getLogger(__name__)
@@ -256,25 +256,17 @@ class Refiner:
 
     def _validate(self, kind: str, rows: list[Parsed], out: RefineOutput, seq: int, now: float) -> None:
         runner, state = self.runner, self.state
-        frame = runner.frame(kind, [p.payload for p in rows])
-        shape = runner.run(kind, frame, runner.shape_suites[kind])
-        shaped = [i for i in range(len(rows)) if i not in shape.failed]
-
-        content_frame = frame.iloc[shaped].reset_index(drop=True)
-        seen, in_batch = state.seen_ids[kind], set()
-        duplicate = []
-        for event_id in content_frame["event_id"]:
+        seen, in_batch, duplicate = state.seen_ids[kind], set(), []
+        for parsed in rows:
+            event_id = parsed.payload.get("event_id")
             duplicate.append(event_id in seen or event_id in in_batch)
             in_batch.add(event_id)
-        content_frame[DUPLICATE] = duplicate
-        known = None
+        frame = runner.frame(kind, [p.payload for p in rows], duplicate)
+        unknown = None
         if kind in REFERS_TO_TASK:
-            known = sorted({t for t in content_frame["task_id"] if t in state.known_tasks})
-        content = runner.run(kind, content_frame, runner.content_suite(kind, known))
-
-        failed: dict[int, list[str]] = {i: checks for i, checks in shape.failed.items()}
-        for j, checks in content.failed.items():
-            failed[shaped[j]] = checks
+            unknown = sorted({t for t in frame["task_id"] if isinstance(t, str) and t not in state.known_tasks})
+        verdict = runner.run(kind, frame, runner.suite(kind, unknown))
+        failed = verdict.failed
         passed_rows = []
         for i, parsed in enumerate(rows):
             if i in failed:
@@ -286,9 +278,8 @@ class Refiner:
             out.add(silver(kind), row)
         if kind == "task":
             state.known_tasks.update(row["task_id"] for row in passed_rows)
-        counts = shape.unexpected_counts + content.unexpected_counts
-        out.add(VALIDATIONS, self._validation_row(seq, kind, f"genenv.{kind}.shape+content", len(rows),
-                                                  len(passed_rows), dict(counts), now))
+        out.add(VALIDATIONS, self._validation_row(seq, kind, f"genenv.{kind}", len(rows), len(passed_rows),
+                                                  dict(verdict.unexpected_counts), now))
         self._to_gold(kind, passed_rows, out)
 
     def _to_gold(self, kind: str, rows: list[dict], out: RefineOutput) -> None:

@@ -14,6 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import time
@@ -164,18 +165,20 @@ TOPICS: dict[str, str] = {kind: cls.TOPIC for kind, cls in EVENT_TYPES.items()}
 KIND_OF_TOPIC: dict[str, str] = {topic: kind for kind, topic in TOPICS.items()}
 
 
+@functools.cache
 def field_types(cls: type[Event]) -> dict[str, Any]:
     """Field name -> resolved type annotation, in declaration order."""
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def required_fields(cls: type[Event]) -> list[str]:
-    return [
+@functools.cache
+def required_fields(cls: type[Event]) -> tuple[str, ...]:
+    return tuple(
         f.name
         for f in dataclasses.fields(cls)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
+    )
 
 
 def parse_envelope(raw: bytes | str | None) -> tuple[type[Event], dict[str, Any]]:

@@ -90,7 +90,7 @@ def test_bad_input_goes_to_quarantine_with_the_failed_check_and_good_events_land
     assert any(r.startswith("unknown_schema") and "genenv.reward/7" in r for r in reasons)
     assert "expect_column_values_to_be_between(reward)" in reasons
     assert "expect_column_values_to_not_be_null(task_id)" in reasons
-    assert "expect_column_values_to_be_in_set(task_id)" in reasons  # the orphan rollout, after its wait
+    assert "expect_column_values_to_not_be_in_set(task_id)" in reasons  # the orphan rollout, after its wait
     assert "expect_column_values_to_be_in_type_list(reward)" in reasons
     raw = dict(zip(quarantine["reason"], quarantine["raw"]))
     assert raw[next(r for r in reasons if r.startswith("not_json"))] == b"{this is not json"
