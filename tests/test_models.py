@@ -1,0 +1,77 @@
+"""Model loading and generation with real (tiny and packaged) models."""
+
+import pytest
+import torch
+
+from trainers import (
+    ModelNotFound, SamplingConfig, TransformersBackend, load_model, render_prompt, sequence_logprobs, vllm_available,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny", seed=3)
+
+
+def test_tiny_is_deterministic_from_its_seed():
+    a, b, c = load_model("tiny", seed=1), load_model("tiny", seed=1), load_model("tiny", seed=2)
+    sa, sb, sc = a.model.state_dict(), b.model.state_dict(), c.model.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+
+
+def test_tiny_tokenizer_round_trips_any_text(tiny):
+    text = "What is 12 + 7? Ünïcode ✓ and spaces  "
+    assert tiny.tokenizer.decode(tiny.tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_sampled_logprobs_match_a_teacher_forced_recomputation(tiny, temperature):
+    backend = TransformersBackend(tiny.model, tiny.tokenizer, batch_size=3)
+    prompts = [render_prompt(tiny.tokenizer, p) for p in ("What is 2+2?", "hi", "a longer prompt to force padding")]
+    generations = backend.generate(prompts, SamplingConfig(max_new_tokens=12, temperature=temperature, seed=5))
+    assert len(generations) == 3
+    for g in generations:
+        assert len(g.token_ids) == len(g.logprobs) > 0
+        reference = sequence_logprobs(tiny.model, g.prompt_token_ids, g.token_ids, temperature or 1.0)
+        torch.testing.assert_close(torch.tensor(g.logprobs), reference.detach(), atol=1e-4, rtol=1e-4)
+
+
+def test_same_seed_same_samples(tiny):
+    backend = TransformersBackend(tiny.model, tiny.tokenizer)
+    prompts = [render_prompt(tiny.tokenizer, "x")] * 2
+    first = backend.generate(prompts, SamplingConfig(max_new_tokens=8, seed=11))
+    second = backend.generate(prompts, SamplingConfig(max_new_tokens=8, seed=11))
+    assert [g.token_ids for g in first] == [g.token_ids for g in second]
+
+
+def test_smollm2_loads_from_the_packaged_gguf_and_answers():
+    loaded = load_model("smollm2-135m")
+    backend = TransformersBackend(loaded.model, loaded.tokenizer)
+    prompt = render_prompt(loaded.tokenizer, "What is the capital of France? Answer in one word.")
+    (g,) = backend.generate([prompt], SamplingConfig(max_new_tokens=12, temperature=0))
+    assert "paris" in g.text.lower()
+    reference = sequence_logprobs(loaded.model, g.prompt_token_ids, g.token_ids)
+    torch.testing.assert_close(torch.tensor(g.logprobs), reference.detach(), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("no-such-model", "unknown model 'no-such-model'"),
+    ("/nonexistent/model.gguf", "GGUF file /nonexistent/model.gguf does not exist"),
+    ("/tmp", "without config.json"),
+])
+def test_unknown_models_fail_with_one_line_naming_them(spec, message):
+    with pytest.raises(ModelNotFound) as info:
+        load_model(spec)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_vllm_backend_is_skipped_with_its_reason_without_cuda():
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(f"vLLM backend: {why}")
+    from trainers import VLLMBackend
+
+    backend = VLLMBackend(str(load_model("smollm2-135m").source))
+    (g,) = backend.generate(["The capital of France is"], SamplingConfig(max_new_tokens=4, temperature=0))
+    assert len(g.token_ids) == len(g.logprobs)
