@@ -84,26 +84,29 @@ class RefineState:
         """Derive the state from the tables as they stand after the last refine commit."""
         state = cls()
 
-        def frame(table: str, columns: list[str] | None = None) -> pl.DataFrame:
-            lazy = pl.scan_delta(lake.uri(table))
-            return (lazy.select(columns) if columns else lazy).collect()
+        def scan(table: str) -> pl.LazyFrame:
+            return pl.scan_delta(lake.uri(table))
+
+        def frame(table: str, columns: list[str]) -> pl.DataFrame:
+            return scan(table).select(columns).collect()
+
+        def waiting(table: str, key: str, pool: str) -> pl.DataFrame:
+            """Rows of a silver table whose key is not in the pool yet (lazy: only those rows are loaded)."""
+            return scan(table).join(scan(pool).select(key).unique(), on=key, how="anti").collect()
 
         for kind in EVENT_TYPES:
             state.seen_ids[kind] = set(frame(silver(kind), ["event_id"])["event_id"].to_list())
-        tasks = frame(silver("task"))
-        state.known_tasks = set(tasks["task_id"].to_list())
-        d_train_ids = frame(D_TRAIN, ["rollout_id"])["rollout_id"]
-        d_env_ids = frame(D_ENV, ["task_id"])["task_id"]
-        for row in frame(silver("rollout")).filter(~pl.col("rollout_id").is_in(d_train_ids.implode())).iter_rows(named=True):
+        state.known_tasks = set(frame(silver("task"), ["task_id"])["task_id"].to_list())
+        for row in waiting(silver("rollout"), "rollout_id", D_TRAIN).iter_rows(named=True):
             state.rollouts_waiting[row["rollout_id"]] = row
-        for row in frame(silver("reward")).filter(~pl.col("rollout_id").is_in(d_train_ids.implode())).iter_rows(named=True):
+        for row in waiting(silver("reward"), "rollout_id", D_TRAIN).iter_rows(named=True):
             state.rewards_waiting[row["rollout_id"]] = row
-        for row in tasks.filter(~pl.col("task_id").is_in(d_env_ids.implode())).iter_rows(named=True):
+        for row in waiting(silver("task"), "task_id", D_ENV).iter_rows(named=True):
             state.tasks_waiting[row["task_id"]] = row
-        in_d_env = set(d_env_ids.to_list())
-        for row in frame(silver("batch")).iter_rows(named=True):
+        in_d_env = set(frame(D_ENV, ["task_id"])["task_id"].to_list())
+        for row in scan(silver("batch")).collect().iter_rows(named=True):  # one row per batch: small
             for task_id in row["task_ids"]:
-                if task_id not in state.tasks_waiting and task_id not in in_d_env:
+                if task_id not in in_d_env and task_id not in state.tasks_waiting:
                     state.batches_waiting[task_id] = row
 
         # Rows waiting for their task: in bronze (up to the watermark) but neither in silver nor in quarantine.
@@ -120,12 +123,12 @@ class RefineState:
             within = pl.any_horizontal(
                 [(pl.col("kafka_partition") == p) & (pl.col("kafka_offset") <= o) for p, o in marks.items()]
             )
-            waiting = (
-                pl.scan_delta(lake.uri(f"bronze/{topic}")).filter(within).collect()
-                .join(done, on=["kafka_partition", "kafka_offset"], how="anti")
-                .sort(["kafka_partition", "kafka_offset"])
+            held = (
+                scan(f"bronze/{topic}").filter(within)
+                .join(done.lazy(), on=["kafka_partition", "kafka_offset"], how="anti")
+                .sort(["kafka_partition", "kafka_offset"]).collect()
             )
-            for row in waiting.iter_rows(named=True):
+            for row in held.iter_rows(named=True):
                 record = bronze_record(row)
                 _, payload = parse_envelope(record.value)
                 state.pending[record.coordinates] = Parsed(record, kind, payload, row["ingested_at"].timestamp())
@@ -283,33 +286,28 @@ class Refiner:
         self._to_gold(kind, passed_rows, out)
 
     def _to_gold(self, kind: str, rows: list[dict], out: RefineOutput) -> None:
+        """Join each new silver row with its partner if it has landed, else leave it waiting for it."""
         state = self.state
+
+        def join(key, row, mine, theirs, table, build):
+            partner = theirs.pop(key, None)
+            if partner is None:
+                mine[key] = row
+            else:
+                out.add(table, build(row, partner))
+
         for row in rows:
             if kind == "rollout":
-                reward = state.rewards_waiting.pop(row["rollout_id"], None)
-                if reward is None:
-                    state.rollouts_waiting[row["rollout_id"]] = row
-                else:
-                    out.add(D_TRAIN, d_train_row(row, reward))
+                join(row["rollout_id"], row, state.rollouts_waiting, state.rewards_waiting, D_TRAIN, d_train_row)
             elif kind == "reward":
-                rollout = state.rollouts_waiting.pop(row["rollout_id"], None)
-                if rollout is None:
-                    state.rewards_waiting[row["rollout_id"]] = row
-                else:
-                    out.add(D_TRAIN, d_train_row(rollout, row))
+                join(row["rollout_id"], row, state.rewards_waiting, state.rollouts_waiting, D_TRAIN,
+                     lambda reward, rollout: d_train_row(rollout, reward))
             elif kind == "task":
-                batch = state.batches_waiting.pop(row["task_id"], None)
-                if batch is None:
-                    state.tasks_waiting[row["task_id"]] = row
-                else:
-                    out.add(D_ENV, d_env_row(row, batch))
+                join(row["task_id"], row, state.tasks_waiting, state.batches_waiting, D_ENV, d_env_row)
             elif kind == "batch":
                 for task_id in row["task_ids"]:
-                    task = state.tasks_waiting.pop(task_id, None)
-                    if task is None:
-                        state.batches_waiting[task_id] = row
-                    else:
-                        out.add(D_ENV, d_env_row(task, row))
+                    join(task_id, row, state.batches_waiting, state.tasks_waiting, D_ENV,
+                         lambda batch, task: d_env_row(task, batch))
             elif kind == "checkpoint":
                 out.add(CHECKPOINTS, {k: v for k, v in row.items() if not k.startswith("kafka_")})
 
