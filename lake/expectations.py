@@ -9,9 +9,10 @@ every value's Python type, not the column's dtype):
            numbers in range (reward and p_hat in [0, 1], counts >= 0),
            text lengths bounded, and rollouts/rewards referring to known tasks.
 
-Content checks that compare values (ranges, lengths) carry the row condition
-`well_typed == True`, so a string where a number belongs is reported by the type
-check instead of breaking the range check; one validation run covers both. A
+Range checks carry the row condition `well_typed == True`, so a string where a
+number belongs is reported by the type check instead of breaking the range
+check; one validation run covers both. (Length checks need no condition: GX
+measures non-strings as missing, and the type check reports them.) A
 failing row is named by the checks it failed, in suite order, as
 "<expectation type>(<column>)", e.g. "expect_column_values_to_be_between(reward)".
 """
@@ -77,6 +78,10 @@ def _items_typed(value, annotation) -> bool | None:
     if item is int:
         return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     return all(isinstance(v, item) for v in value)
+
+
+# Numpy dtype of a number/flag field, and the exact Python types its values may have for it.
+_NUMPY = {int: ("int64", (int,)), float: ("float64", (float, int)), bool: ("bool", (bool,))}
 
 
 @functools.cache
@@ -157,7 +162,7 @@ class SuiteRunner:
         for name, annotation in field_types(EVENT_TYPES[kind]).items():
             if _gx_type_names(annotation)[0] == ["str"]:
                 limit = MAX_ID_CHARS if name in ID_COLUMNS else MAX_TEXT_CHARS
-                checks.append(gxe.ExpectColumnValueLengthsToBeBetween(column=name, max_value=limit, **self.typed_rows))
+                checks.append(gxe.ExpectColumnValueLengthsToBeBetween(column=name, max_value=limit))
         if kind in REFERS_TO_TASK and unknown_task_ids:
             # "Refers to a known task", stated as "is none of this batch's unknown task ids": the same verdicts,
             # with a value set of a few ids instead of every id the lake knows (GX copies it on every access).
@@ -179,6 +184,11 @@ class SuiteRunner:
         ]
         columns[DUPLICATE] = duplicate
         frame = pd.DataFrame(columns, dtype=object)
+        # A number or flag column whose values all have exactly the declared type becomes a numpy column:
+        # GX then checks its type once, from the dtype, instead of value by value.
+        for name, annotation in hints.items():
+            if annotation in _NUMPY and all(type(v) in _NUMPY[annotation][1] for v in columns[name]):
+                frame[name] = frame[name].astype(_NUMPY[annotation][0])
         frame.index = pd.RangeIndex(len(frame))
         return frame
 
