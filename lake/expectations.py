@@ -39,7 +39,7 @@ DUPLICATE = "duplicate_event_id"  # derived column: True when the id landed befo
 WELL_TYPED = "well_typed"  # derived column: every present value has its declared type
 
 
-# Content rules per kind: (column, min, max) for numbers, and which columns must be known task ids.
+# Content rules per kind: (column, min, max) for numbers; allowed values; which kinds refer to tasks.
 RANGES: dict[str, list[tuple[str, float | None, float | None]]] = {
     "task": [("epoch", 0, None)],
     "rollout": [("epoch", 0, None), ("group_index", 0, None)],
@@ -106,10 +106,6 @@ class Verdict:
     rows: int
     failed: dict[int, list[str]] = field(default_factory=dict)
     unexpected_counts: Counter = field(default_factory=Counter)
-
-    @property
-    def passed(self) -> int:
-        return self.rows - len(self.failed)
 
 
 class SuiteRunner:

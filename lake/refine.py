@@ -65,9 +65,6 @@ class RefineOutput:
     def add(self, table: str, row: dict) -> None:
         self.rows[table].append(row)
 
-    def count(self, table: str) -> int:
-        return len(self.rows.get(table, ()))
-
 
 @dataclass
 class RefineState:
