@@ -238,8 +238,8 @@ class Refiner:
         """Rows of `kind` to validate now; the rest wait in state.pending for their task."""
         pending, known = self.state.pending, self.state.known_tasks
         ready = []
-        for coordinates, parsed in list(pending.items()):
-            if parsed.kind == kind and (parsed.payload.get("task_id") in known or now - parsed.first_seen > self.max_wait_s):
+        for coordinates, parsed in list(pending.items()):  # only rows with a str task_id ever wait
+            if parsed.kind == kind and (parsed.payload["task_id"] in known or now - parsed.first_seen > self.max_wait_s):
                 ready.append(pending.pop(coordinates))
         for parsed in arriving:
             task_id = parsed.payload.get("task_id")
@@ -259,6 +259,9 @@ class Refiner:
         seen, in_batch, duplicate = state.seen_ids[kind], set(), []
         for parsed in rows:
             event_id = parsed.payload.get("event_id")
+            if not isinstance(event_id, str):  # absent or mistyped (maybe unhashable): the shape checks report it
+                duplicate.append(False)
+                continue
             duplicate.append(event_id in seen or event_id in in_batch)
             in_batch.add(event_id)
         frame = runner.frame(kind, [p.payload for p in rows], duplicate)

@@ -72,6 +72,8 @@ def test_bad_input_goes_to_quarantine_with_the_failed_check_and_good_events_land
         ("genenv.rewards", json.dumps(no_task).encode()),
         ("genenv.rollouts", json.dumps(orphan).encode()),
         ("genenv.rewards", json.dumps({**reward, "reward": "high", "event_id": "typed"}).encode()),
+        # unhashable values where ids belong must be reported, not crash the ingestor
+        ("genenv.rewards", json.dumps({**reward, "event_id": ["a", "list"], "task_id": {"a": "dict"}}).encode()),
     ]
     with EventProducer(broker.bootstrap) as producer:
         half = len(good) // 2
@@ -92,6 +94,10 @@ def test_bad_input_goes_to_quarantine_with_the_failed_check_and_good_events_land
     assert "expect_column_values_to_not_be_null(task_id)" in reasons
     assert "expect_column_values_to_not_be_in_set(task_id)" in reasons  # the orphan rollout, after its wait
     assert "expect_column_values_to_be_in_type_list(reward)" in reasons
+    unhashable = quarantine.filter(pl.col("raw").bin.contains(b'["a", "list"]'))["failed_checks"].to_list()
+    assert len(unhashable) == 1
+    assert {"expect_column_values_to_be_in_type_list(task_id)",
+            "expect_column_values_to_be_in_type_list(event_id)"} <= set(unhashable[0])
     raw = dict(zip(quarantine["reason"], quarantine["raw"]))
     assert raw[next(r for r in reasons if r.startswith("not_json"))] == b"{this is not json"
     for kind in ("task", "rollout", "reward", "batch"):
