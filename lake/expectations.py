@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from streams.events import EVENT_TYPES, field_types, required_fields
+from streams.events import EVENT_TYPES, field_types, matches_type, required_fields
 
 log = logging.getLogger(__name__)
 
@@ -58,40 +58,39 @@ REFERS_TO_TASK = {"rollout", "reward"}
 ID_COLUMNS = {"event_id", "run_id", "task_id", "batch_id", "rollout_id", "producer", "schema", "domain"}
 
 
-def _gx_type_names(annotation) -> tuple[list[str], bool]:
-    """GX type names for a field annotation, and whether it is a list."""
-    origin = typing.get_origin(annotation)
-    if origin in (types.UnionType, typing.Union):
-        (inner,) = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return _gx_type_names(inner)
-    if origin is list:
-        return ["list"], True
-    return {str: ["str"], int: ["int"], float: ["float", "int"], bool: ["bool"]}[annotation], False
+@dataclass(frozen=True)
+class FieldSpec:
+    """How one event field is checked."""
+
+    annotation: object  # the declared type, without Optional
+    gx_types: tuple[str, ...]  # type names for ExpectColumnValuesToBeInTypeList
+    exact: tuple[type, ...]  # Python types its JSON values may have (bool is no int here)
+    numpy: str | None  # dtype for a column whose values all have an exact type (GX checks the dtype once)
+
+    @property
+    def is_list(self) -> bool:
+        return self.gx_types == ("list",)
 
 
-def _items_typed(value, annotation) -> bool | None:
-    if not isinstance(value, list):
-        return None  # the type check on the column itself reports it
-    (item,) = typing.get_args(annotation)
-    if item is float:
-        return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-    if item is int:
-        return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    return all(isinstance(v, item) for v in value)
-
-
-# Numpy dtype of a number/flag field, and the exact Python types its values may have for it.
-_NUMPY = {int: ("int64", (int,)), float: ("float64", (float, int)), bool: ("bool", (bool,))}
+_SCALARS = {
+    str: (("str",), (str,), None),
+    int: (("int",), (int,), "int64"),
+    float: (("float", "int"), (float, int), "float64"),
+    bool: (("bool",), (bool,), "bool"),
+}
 
 
 @functools.cache
-def _accepted_types(kind: str) -> dict[str, tuple[type, ...]]:
-    """Exact Python types a JSON value may have per field (list items are checked by their own column)."""
-    python_types = {"str": (str,), "int": (int,), "float": (float, int), "bool": (bool,), "list": (list,)}
-    return {
-        name: tuple(t for n in _gx_type_names(a)[0] for t in python_types[n])
-        for name, a in field_types(EVENT_TYPES[kind]).items()
-    }
+def field_specs(kind: str) -> dict[str, FieldSpec]:
+    specs = {}
+    for name, annotation in field_types(EVENT_TYPES[kind]).items():
+        if typing.get_origin(annotation) in (types.UnionType, typing.Union):
+            (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if typing.get_origin(annotation) is list:
+            specs[name] = FieldSpec(annotation, ("list",), (list,), None)
+        else:
+            specs[name] = FieldSpec(annotation, *_SCALARS[annotation])
+    return specs
 
 
 def check_name(config) -> str:
@@ -138,10 +137,9 @@ class SuiteRunner:
         gxe = self.gxe
         cls = EVENT_TYPES[kind]
         checks = [gxe.ExpectColumnValuesToNotBeNull(column=name) for name in (*required_fields(cls), "event_id", "schema")]
-        for name, annotation in field_types(cls).items():
-            type_names, is_list = _gx_type_names(annotation)
-            checks.append(gxe.ExpectColumnValuesToBeInTypeList(column=name, type_list=type_names))
-            if is_list:
+        for name, spec in field_specs(kind).items():
+            checks.append(gxe.ExpectColumnValuesToBeInTypeList(column=name, type_list=list(spec.gx_types)))
+            if spec.is_list:
                 checks.append(gxe.ExpectColumnValuesToBeInSet(column=name + ITEMS_SUFFIX, value_set=[True]))
         return checks
 
@@ -155,8 +153,8 @@ class SuiteRunner:
             checks.append(gxe.ExpectColumnValuesToBeBetween(column=column, min_value=low, max_value=high, **self.typed_rows))
         for column, allowed in VALUE_SETS.get(kind, []):
             checks.append(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=allowed))
-        for name, annotation in field_types(EVENT_TYPES[kind]).items():
-            if _gx_type_names(annotation)[0] == ["str"]:
+        for name, spec in field_specs(kind).items():
+            if spec.annotation is str:
                 limit = MAX_ID_CHARS if name in ID_COLUMNS else MAX_TEXT_CHARS
                 checks.append(gxe.ExpectColumnValueLengthsToBeBetween(column=name, max_value=limit))
         if kind in REFERS_TO_TASK and unknown_task_ids:
@@ -169,22 +167,21 @@ class SuiteRunner:
     @staticmethod
     def frame(kind: str, payloads: list[dict], duplicate: list[bool]) -> pd.DataFrame:
         """Object-typed frame with one column per field (absent -> None) and the derived check columns."""
-        hints = field_types(EVENT_TYPES[kind])
-        columns = {name: [p.get(name) for p in payloads] for name in hints}
-        for name, annotation in hints.items():
-            if _gx_type_names(annotation)[1]:
-                columns[name + ITEMS_SUFFIX] = [_items_typed(v, annotation) for v in columns[name]]
-        accepted = _accepted_types(kind)
+        specs = field_specs(kind)
+        columns = {name: [p.get(name) for p in payloads] for name in specs}
+        for name, spec in specs.items():
+            if spec.is_list:
+                columns[name + ITEMS_SUFFIX] = [
+                    matches_type(v, spec.annotation) if isinstance(v, list) else None for v in columns[name]
+                ]
         columns[WELL_TYPED] = [
-            all(v is None or type(v) in accepted.get(k, (type(v),)) for k, v in p.items()) for p in payloads
+            all(v is None or k not in specs or type(v) in specs[k].exact for k, v in p.items()) for p in payloads
         ]
         columns[DUPLICATE] = duplicate
         frame = pd.DataFrame(columns, dtype=object)
-        # A number or flag column whose values all have exactly the declared type becomes a numpy column:
-        # GX then checks its type once, from the dtype, instead of value by value.
-        for name, annotation in hints.items():
-            if annotation in _NUMPY and all(type(v) in _NUMPY[annotation][1] for v in columns[name]):
-                frame[name] = frame[name].astype(_NUMPY[annotation][0])
+        for name, spec in specs.items():
+            if spec.numpy and all(type(v) in spec.exact for v in columns[name]):
+                frame[name] = frame[name].astype(spec.numpy)
         frame.index = pd.RangeIndex(len(frame))
         return frame
 

@@ -207,15 +207,16 @@ def parse_envelope(raw: bytes | str | None) -> tuple[type[Event], dict[str, Any]
     return EVENT_TYPES[kind], payload
 
 
-def _matches(value: Any, annotation: Any) -> bool:
+def matches_type(value: Any, annotation: Any) -> bool:
+    """Whether a decoded JSON value has the field's declared type (an int is a float; a bool is not an int)."""
     origin = typing.get_origin(annotation)
     if origin in (types.UnionType, typing.Union):
-        return any(_matches(value, arm) for arm in typing.get_args(annotation))
+        return any(matches_type(value, arm) for arm in typing.get_args(annotation))
     if annotation is type(None):
         return value is None
     if origin is list:
         (item,) = typing.get_args(annotation)
-        return isinstance(value, list) and all(_matches(v, item) for v in value)
+        return isinstance(value, list) and all(matches_type(v, item) for v in value)
     if annotation is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if annotation is int:
@@ -233,7 +234,7 @@ def decode(raw: bytes | str | None) -> Event:
     for name, value in payload.items():
         if name not in hints:
             raise EventDecodeError(f"unknown_field:{name}", f"{cls.__name__} has no field {name!r}")
-        if not _matches(value, hints[name]):
+        if not matches_type(value, hints[name]):
             raise EventDecodeError(f"type:{name}", f"{cls.__name__}.{name} = {value!r:.60} is not {hints[name]}")
     event_id = payload.pop("event_id", "")
     payload.pop("schema", None)
