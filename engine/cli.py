@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lake import IngestConfig, Ingestor, Lake, LakeError, quarantine_by_reason, status, versions
+from lake import ingest as run_ingest
 from streams import BOOTSTRAP_ENV, BrokerError, LocalBroker, ensure_topics, kafka_bootstrap
 
 app = typer.Typer(help="GenEnv: co-evolving agents and environment simulators, as an event-sourced curriculum engine.",
@@ -59,15 +60,10 @@ def ingest(
     _check_positive(max_batch_records=max_batch_records, max_batch_ms=max_batch_ms, partitions=partitions)
     lake_ = Lake(lake)
     with kafka_bootstrap(bootstrap) as servers, console.status("ingesting") as spinner:
-        ingestor = Ingestor(lake_, servers, config)
-
         def progress(stats):
             spinner.update(f"ingested {stats.records:,} records in {stats.steps} steps")
 
-        try:
-            stats = ingestor.run(idle_exit_s=idle_exit, on_step=progress)
-        finally:
-            ingestor.close()
+        stats = run_ingest(lake_, servers, config, idle_exit_s=idle_exit, on_step=progress)
     console.print(stats.summary())
 
 
@@ -123,12 +119,9 @@ def run(
         try:
             for epoch in range(epochs):
                 sent = publish(servers, epoch_events(run_id, epoch, tasks=tasks, group=group))
-                before = ingestor.stats.records
+                target = ingestor.stats.records + sent
                 with console.status(f"epoch {epoch}: ingesting {sent} events"):
-                    while ingestor.stats.records - before < sent:
-                        batch = ingestor.poll_batch()
-                        if batch:
-                            ingestor.step(batch)
+                    ingestor.run(stop=lambda: ingestor.stats.records >= target)
                 console.print(f"epoch {epoch}: {sent} events published and ingested")
         finally:
             ingestor.close()

@@ -31,6 +31,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 import polars as pl
 import pyarrow as pa
@@ -38,8 +39,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 
 from streams.kafka import ALL_TOPICS, assigned_consumer, ensure_topics, partitions_of
 
-from .refine import RawRecord, Refiner, RefineOutput, RefineState, bronze_record
-from .tables import BRONZE_SCHEMA, DERIVED_TABLES, SCHEMAS, VALIDATIONS, Lake, bronze
+from .refine import RawRecord, Refiner, RefineOutput, RefineState, bronze_record, refined
+from .tables import BRONZE_SCHEMA, DERIVED_TABLES, SCHEMAS, VALIDATIONS, Lake, LakeError, bronze
 
 log = logging.getLogger(__name__)
 
@@ -156,11 +157,7 @@ class Ingestor:
     def _bronze_past_watermark(self, watermark: dict[str, dict[int, int]]) -> list[RawRecord]:
         records = []
         for topic in self.config.topics:
-            marks = watermark.get(topic, {})
-            past = pl.lit(True) if not marks else pl.all_horizontal(
-                [(pl.col("kafka_partition") != p) | (pl.col("kafka_offset") > o) for p, o in marks.items()]
-            )
-            rows = pl.scan_delta(self.lake.uri(bronze(topic))).filter(past).collect()
+            rows = pl.scan_delta(self.lake.uri(bronze(topic))).filter(~refined(watermark.get(topic, {}))).collect()
             records.extend(bronze_record(row) for row in rows.sort(["kafka_partition", "kafka_offset"]).iter_rows(named=True))
         return records
 
@@ -193,12 +190,10 @@ class Ingestor:
                     on_step(self.stats)
                 continue
             self._release_expired()
-            if idle_exit_s is not None and time.monotonic() - last_data >= idle_exit_s and not self._waiting():
+            idle = time.monotonic() - last_data
+            if idle_exit_s is not None and idle >= idle_exit_s and not self.refiner.state.pending:
                 break
         return self.stats
-
-    def _waiting(self) -> bool:
-        return bool(self.refiner.state.pending)
 
     def step(self, batch: list[RawRecord]) -> None:
         with self.stats.timed("bronze"):
@@ -206,7 +201,7 @@ class Ingestor:
         self._refine_and_commit(batch)
 
     def _write_bronze(self, batch: list[RawRecord]) -> None:
-        now = pa.scalar(time.time() * 1_000_000, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+        now = datetime.now(timezone.utc)
         by_topic: dict[str, list[RawRecord]] = defaultdict(list)
         for r in batch:
             by_topic[r.topic].append(r)
@@ -221,7 +216,7 @@ class Ingestor:
                 "kafka_timestamp": pa.array([r.timestamp for r in records], pa.int64()),
                 "key": pa.array([r.key for r in records], pa.binary()),
                 "value": pa.array([r.value for r in records], pa.binary()),
-                "ingested_at": pa.array([now.as_py()] * len(records), pa.timestamp("us", tz="UTC")),
+                "ingested_at": pa.array([now] * len(records), pa.timestamp("us", tz="UTC")),
             }, schema=BRONZE_SCHEMA)
             txns = [Transaction(app_id(topic, p), offset) for p, offset in sorted(last.items())]
             self.lake.append(bronze(topic), rows, CommitProperties(app_transactions=txns))
@@ -257,10 +252,13 @@ class Ingestor:
             if rows:
                 record.versions[name] = self.lake.append(name, pa.Table.from_pylist(rows, SCHEMAS[name]))
                 self.stats.rows[name] += len(rows)
-        # Written last; its version is known only after the write, so the record stores the version before it.
-        record.versions[VALIDATIONS] = self.lake.version(VALIDATIONS) + 1
-        self.lake.append(VALIDATIONS, pa.Table.from_pylist(out.rows[VALIDATIONS], SCHEMAS[VALIDATIONS]),
-                         CommitProperties(custom_metadata={COMMIT_RECORD_KEY: record.to_json()}))
+        # Written last, carrying the record, which must name the version this very commit will get.
+        record.versions[VALIDATIONS] += 1
+        written = self.lake.append(VALIDATIONS, pa.Table.from_pylist(out.rows[VALIDATIONS], SCHEMAS[VALIDATIONS]),
+                                   CommitProperties(custom_metadata={COMMIT_RECORD_KEY: record.to_json()}))
+        if written != record.versions[VALIDATIONS]:
+            raise LakeError(f"{VALIDATIONS} is at version {written}, expected {record.versions[VALIDATIONS]}: "
+                            "another process writes to this lake; run one ingestor per lake")
 
     def close(self) -> None:
         if self.consumer is not None:
@@ -269,9 +267,9 @@ class Ingestor:
 
 
 def ingest(lake: Lake, bootstrap: str, config: IngestConfig | None = None, idle_exit_s: float | None = None,
-           stop=None, on_step=None) -> IngestStats:
+           stop=None, on_step=None, runner=None) -> IngestStats:
     """Run an ingestor until idle (or stopped) and return what it wrote."""
-    ingestor = Ingestor(lake, bootstrap, config)
+    ingestor = Ingestor(lake, bootstrap, config, runner=runner)
     try:
         return ingestor.run(idle_exit_s=idle_exit_s, stop=stop, on_step=on_step)
     finally:

@@ -117,11 +117,8 @@ class RefineState:
                 frame(silver(kind), ["kafka_partition", "kafka_offset"]),
                 quarantined.filter(pl.col("topic") == topic).select(["kafka_partition", "kafka_offset"]),
             ])
-            within = pl.any_horizontal(
-                [(pl.col("kafka_partition") == p) & (pl.col("kafka_offset") <= o) for p, o in marks.items()]
-            )
             held = (
-                scan(f"bronze/{topic}").filter(within)
+                scan(f"bronze/{topic}").filter(refined(marks))
                 .join(done.lazy(), on=["kafka_partition", "kafka_offset"], how="anti")
                 .sort(["kafka_partition", "kafka_offset"]).collect()
             )
@@ -130,6 +127,15 @@ class RefineState:
                 _, payload = parse_envelope(record.value)
                 state.pending[record.coordinates] = Parsed(record, kind, payload, row["ingested_at"].timestamp())
         return state
+
+
+def refined(marks: dict[int, int]) -> pl.Expr:
+    """Bronze rows at or before the refine watermark of their partition (`marks`: partition -> offset)."""
+    if not marks:
+        return pl.lit(False)
+    return pl.any_horizontal(
+        [(pl.col("kafka_partition") == p) & (pl.col("kafka_offset") <= o) for p, o in marks.items()]
+    )
 
 
 def bronze_record(row: dict) -> RawRecord:

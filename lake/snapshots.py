@@ -67,6 +67,6 @@ def status(lake: Lake) -> list[dict]:
 
 
 def quarantine_by_reason(lake: Lake) -> Counter:
-    reasons = pl.scan_delta(lake.uri(QUARANTINE)).select("reason").collect()["reason"]
-    # Decode errors carry their message after the check name; group by the check.
-    return Counter(r.split(":", 1)[0] if not r.startswith("expect_") else r for r in reasons)
+    """Quarantined rows counted by the first check they failed (decode errors: the check, not the message)."""
+    checks = pl.scan_delta(lake.uri(QUARANTINE)).select(pl.col("failed_checks").list.first()).collect()
+    return Counter(checks["failed_checks"].to_list())

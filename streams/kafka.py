@@ -81,11 +81,10 @@ def partitions_of(consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
 def assigned_consumer(
     bootstrap: str,
     topics: Iterable[str],
-    start_offsets: dict[TopicPartition, int] | None = None,
     client_id: str = "genenv",
     max_poll_records: int = 5000,
 ) -> KafkaConsumer:
-    """A consumer assigned every partition of `topics`, positioned at `start_offsets` (else the beginning)."""
+    """A consumer assigned every partition of `topics`, positioned at the beginning (seek to resume elsewhere)."""
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
         client_id=client_id,
@@ -98,10 +97,5 @@ def assigned_consumer(
     )
     partitions = [tp for topic in topics for tp in partitions_of(consumer, topic)]
     consumer.assign(partitions)
-    start_offsets = start_offsets or {}
-    for tp in partitions:
-        if tp in start_offsets:
-            consumer.seek(tp, start_offsets[tp])
-        else:
-            consumer.seek_to_beginning(tp)
+    consumer.seek_to_beginning(*partitions)
     return consumer

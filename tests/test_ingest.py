@@ -15,7 +15,10 @@ import pyarrow as pa
 import pytest
 
 from engine.demo import epoch_events, publish
-from lake import D_ENV, D_TRAIN, QUARANTINE, IngestConfig, Ingestor, Lake, read_pool, read_table, silver, versions
+from lake import (
+    D_ENV, D_TRAIN, QUARANTINE, IngestConfig, Ingestor, Lake, ingest, quarantine_by_reason, read_pool, read_table, silver,
+    versions,
+)
 from lake.tables import SCHEMAS, bronze
 from streams import ALL_TOPICS, EventProducer, RewardScored, RolloutCompleted, TaskGenerated
 
@@ -25,11 +28,7 @@ FAST = IngestConfig(max_batch_ms=300, max_wait_s=2.0)
 
 
 def run_ingest(lake, broker, runner, config=FAST, idle_exit_s=1.5):
-    ingestor = Ingestor(lake, broker.bootstrap, config, runner=runner)
-    try:
-        return ingestor.run(idle_exit_s=idle_exit_s)
-    finally:
-        ingestor.close()
+    return ingest(lake, broker.bootstrap, config, idle_exit_s=idle_exit_s, runner=runner)
 
 
 def event_ids(lake: Lake, kind: str) -> list[str]:
@@ -98,6 +97,10 @@ def test_bad_input_goes_to_quarantine_with_the_failed_check_and_good_events_land
     assert len(unhashable) == 1
     assert {"expect_column_values_to_be_in_type_list(task_id)",
             "expect_column_values_to_be_in_type_list(event_id)"} <= set(unhashable[0])
+    by_check = quarantine_by_reason(lake)
+    assert by_check["not_json"] == 1 and by_check["unknown_schema"] == 1
+    assert by_check["expect_column_values_to_be_between(reward)"] == 1
+    assert sum(by_check.values()) == len(bad)
     raw = dict(zip(quarantine["reason"], quarantine["raw"]))
     assert raw[next(r for r in reasons if r.startswith("not_json"))] == b"{this is not json"
     for kind in ("task", "rollout", "reward", "batch"):

@@ -1,0 +1,28 @@
+"""The command line as a user runs it: the main job, lake status, and one-line errors."""
+
+from lake import Lake, read_pool
+
+from conftest import genenv_cli
+
+
+def test_run_publishes_and_ingests_the_demo_epochs_then_status_reports_them(tmp_path):
+    lake = tmp_path / "lake"
+    result = genenv_cli("run", "--lake", str(lake), "--epochs", "2", "--tasks", "4", "--group", "2", timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert read_pool(Lake(lake, create=False), "d_train").height == 2 * 4 * 2
+    assert read_pool(Lake(lake, create=False), "d_env").height == 2 * 4
+    status = genenv_cli("lake", "status", "--lake", str(lake), timeout=120)
+    assert status.returncode == 0 and "gold/d_train" in status.stdout
+
+
+def test_bad_paths_and_values_stop_with_one_line(tmp_path):
+    missing = genenv_cli("lake", "status", "--lake", str(tmp_path / "nowhere"), timeout=120)
+    assert missing.returncode == 2
+    assert missing.stderr.strip().count("\n") == 0 and "no lake at" in missing.stderr
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    not_dir = genenv_cli("ingest", "--lake", str(a_file), timeout=120)
+    assert not_dir.returncode == 2 and "not a directory" in not_dir.stderr
+    zero = genenv_cli("run", "--lake", str(tmp_path / "l"), "--epochs", "0", timeout=120)
+    assert zero.returncode == 2 and "--epochs must be >= 1" in zero.stderr
+    assert not (tmp_path / "l").exists(), "a bad value must stop before any work"
