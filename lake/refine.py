@@ -92,8 +92,10 @@ class RefineState:
             return scan(table).join(scan(pool).select(key).unique(), on=key, how="anti").collect()
 
         for kind in EVENT_TYPES:
-            state.seen_ids[kind] = set(frame(silver(kind), ["event_id"])["event_id"].to_list())
-        state.known_tasks = set(frame(silver("task"), ["task_id"])["task_id"].to_list())
+            ids = frame(silver(kind), ["event_id", "task_id"] if kind == "task" else ["event_id"])
+            state.seen_ids[kind] = set(ids["event_id"].to_list())
+            if kind == "task":
+                state.known_tasks = set(ids["task_id"].to_list())
         for row in waiting(silver("rollout"), "rollout_id", D_TRAIN).iter_rows(named=True):
             state.rollouts_waiting[row["rollout_id"]] = row
         for row in waiting(silver("reward"), "rollout_id", D_TRAIN).iter_rows(named=True):

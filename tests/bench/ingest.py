@@ -24,19 +24,13 @@ sys.path.insert(0, str(ROOT))
 
 
 def produce(bootstrap: str, n: int) -> int:
-    from engine.demo import epoch_events
-    from streams import EventProducer
+    from engine.demo import epoch_events, publish
 
-    sent, epoch = 0, 0
-    with EventProducer(bootstrap, linger_ms=20) as producer:
-        while sent < n:
-            for event in epoch_events(run_id="bench", epoch=epoch, tasks=64, group=8, seed=epoch):
-                if sent == n:
-                    break
-                producer.send(event)
-                sent += 1
-            epoch += 1
-    return sent
+    events, epoch = [], 0
+    while len(events) < n:
+        events += epoch_events(run_id="bench", epoch=epoch, tasks=64, group=8, seed=epoch)
+        epoch += 1
+    return publish(bootstrap, events[:n])
 
 
 def raw_consume(bootstrap: str, n: int) -> float:
