@@ -4,9 +4,11 @@ Invariants (the kafka-delta-ingest way, extended to the derived tables):
 
 1. Bronze is the source of truth for Kafka progress. Each bronze commit carries,
    for every partition it holds rows of, a Delta app transaction
-   `genenv-ingest/<topic>/<partition>` whose version is the last offset written.
-   On start each partition is consumed from that version + 1. Kafka's committed
-   offsets are never read or written.
+   `genenv-ingest/<cluster>/<topic>/<partition>` whose version is the last offset
+   written. On start each partition is consumed from that version + 1. Kafka's
+   committed offsets are never read or written. Offsets are scoped by the cluster
+   id because a new cluster (a fresh local broker) numbers its logs from 0 again;
+   every record's coordinates are (cluster, topic, partition, offset).
 2. A refine step writes the derived tables in a fixed order, silver/validations
    last. That last commit carries the step's *commit record* in its commit
    metadata: the step number, the bronze watermark (last offset refined per
@@ -37,9 +39,9 @@ import polars as pl
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
 
-from streams.kafka import ALL_TOPICS, assigned_consumer, ensure_topics, partitions_of
+from streams.kafka import ALL_TOPICS, assigned_consumer, cluster_id, ensure_topics, partitions_of
 
-from .refine import RawRecord, Refiner, RefineOutput, RefineState, bronze_record, refined
+from .refine import RawRecord, Refiner, RefineOutput, RefineState, Watermark, bronze_record, refined
 from .tables import BRONZE_SCHEMA, DERIVED_TABLES, SCHEMAS, VALIDATIONS, Lake, LakeError, bronze
 
 log = logging.getLogger(__name__)
@@ -47,8 +49,8 @@ log = logging.getLogger(__name__)
 COMMIT_RECORD_KEY = "genenv.refine"
 
 
-def app_id(topic: str, partition: int) -> str:
-    return f"genenv-ingest/{topic}/{partition}"
+def app_id(cluster: str, topic: str, partition: int) -> str:
+    return f"genenv-ingest/{cluster}/{topic}/{partition}"
 
 
 @dataclass
@@ -64,7 +66,7 @@ class IngestConfig:
 @dataclass
 class CommitRecord:
     seq: int = 0
-    watermark: dict[str, dict[int, int]] = field(default_factory=dict)
+    watermark: Watermark = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -77,7 +79,8 @@ class CommitRecord:
             raw = commit.get(COMMIT_RECORD_KEY)
             if raw:
                 data = json.loads(raw)
-                watermark = {t: {int(p): o for p, o in parts.items()} for t, parts in data["watermark"].items()}
+                watermark = {t: {c: {int(p): o for p, o in parts.items()} for c, parts in logs.items()}
+                             for t, logs in data["watermark"].items()}
                 return cls(data["seq"], watermark, data["versions"])
         return cls(versions={name: 0 for name in DERIVED_TABLES})
 
@@ -102,12 +105,12 @@ class IngestStats:
                 "seconds": {k: round(v, 2) for k, v in sorted(self.seconds.items())}}
 
 
-def stored_offsets(lake: Lake, topic: str, partitions: list[int]) -> dict[int, int]:
-    """Last offset of each partition that bronze holds, from its app transactions."""
+def stored_offsets(lake: Lake, cluster: str, topic: str, partitions: list[int]) -> dict[int, int]:
+    """Last offset of each partition of this cluster that bronze holds, from its app transactions."""
     table = DeltaTable(lake.uri(bronze(topic)))
     offsets = {}
     for p in partitions:
-        version = table.transaction_version(app_id(topic, p))
+        version = table.transaction_version(app_id(cluster, topic, p))
         if version is not None:
             offsets[p] = version
     return offsets
@@ -128,11 +131,12 @@ class Ingestor:
     def start(self) -> "Ingestor":
         ensure_topics(self.bootstrap, self.config.partitions, self.config.topics)
         self.recover()
+        self.cluster = cluster_id(self.bootstrap)
         self.consumer = assigned_consumer(self.bootstrap, self.config.topics, client_id="genenv-ingest",
                                           max_poll_records=self.config.max_batch_records)
         for topic in self.config.topics:
             tps = partitions_of(self.consumer, topic)
-            stored = stored_offsets(self.lake, topic, [tp.partition for tp in tps])
+            stored = stored_offsets(self.lake, self.cluster, topic, [tp.partition for tp in tps])
             for tp in tps:
                 if tp.partition in stored:
                     self.consumer.seek(tp, stored[tp.partition] + 1)
@@ -154,11 +158,12 @@ class Ingestor:
             log.info("refining %d bronze records past the watermark", len(gap))
             self._refine_and_commit(gap)
 
-    def _bronze_past_watermark(self, watermark: dict[str, dict[int, int]]) -> list[RawRecord]:
+    def _bronze_past_watermark(self, watermark: Watermark) -> list[RawRecord]:
         records = []
         for topic in self.config.topics:
             rows = pl.scan_delta(self.lake.uri(bronze(topic))).filter(~refined(watermark.get(topic, {}))).collect()
-            records.extend(bronze_record(row) for row in rows.sort(["kafka_partition", "kafka_offset"]).iter_rows(named=True))
+            rows = rows.sort(["kafka_cluster", "kafka_partition", "kafka_offset"])
+            records.extend(bronze_record(row) for row in rows.iter_rows(named=True))
         return records
 
     # -- the loop -------------------------------------------------------------------------------
@@ -172,7 +177,7 @@ class Ingestor:
                 break
             polled = self.consumer.poll(timeout_ms=remaining_ms, max_records=cfg.max_batch_records - len(batch))
             for tp, messages in polled.items():
-                batch.extend(RawRecord(tp.topic, tp.partition, m.offset, m.timestamp, m.key, m.value) for m in messages)
+                batch.extend(RawRecord(self.cluster, tp.topic, tp.partition, m.offset, m.timestamp, m.key, m.value) for m in messages)
         return batch
 
     def run(self, idle_exit_s: float | None = None, stop=None, on_step=None) -> IngestStats:
@@ -208,9 +213,10 @@ class Ingestor:
         for topic, records in by_topic.items():
             last = {}
             for r in records:
-                last[r.partition] = max(last.get(r.partition, -1), r.offset)
+                last[r.cluster, r.partition] = max(last.get((r.cluster, r.partition), -1), r.offset)
             rows = pa.table({
                 "topic": pa.array([topic] * len(records), pa.string()),
+                "kafka_cluster": pa.array([r.cluster for r in records], pa.string()),
                 "kafka_partition": pa.array([r.partition for r in records], pa.int32()),
                 "kafka_offset": pa.array([r.offset for r in records], pa.int64()),
                 "kafka_timestamp": pa.array([r.timestamp for r in records], pa.int64()),
@@ -218,7 +224,7 @@ class Ingestor:
                 "value": pa.array([r.value for r in records], pa.binary()),
                 "ingested_at": pa.array([now] * len(records), pa.timestamp("us", tz="UTC")),
             }, schema=BRONZE_SCHEMA)
-            txns = [Transaction(app_id(topic, p), offset) for p, offset in sorted(last.items())]
+            txns = [Transaction(app_id(cluster, topic, p), offset) for (cluster, p), offset in sorted(last.items())]
             self.lake.append(bronze(topic), rows, CommitProperties(app_transactions=txns))
             self.stats.rows[bronze(topic)] += len(records)
         self.stats.records += len(batch)
@@ -227,9 +233,9 @@ class Ingestor:
         seq = self.record.seq + 1
         with self.stats.timed("refine"):
             out = self.refiner.refine(batch, time.time(), seq)
-        watermark = {t: dict(parts) for t, parts in self.record.watermark.items()}
+        watermark = {t: {c: dict(parts) for c, parts in logs.items()} for t, logs in self.record.watermark.items()}
         for r in batch:
-            parts = watermark.setdefault(r.topic, {})
+            parts = watermark.setdefault(r.topic, {}).setdefault(r.cluster, {})
             parts[r.partition] = max(parts.get(r.partition, -1), r.offset)
         self._commit(out, CommitRecord(seq, watermark, dict(self.record.versions)))
 

@@ -30,11 +30,15 @@ from .tables import CHECKPOINTS, D_ENV, D_TRAIN, QUARANTINE, VALIDATIONS, Lake, 
 
 log = logging.getLogger(__name__)
 
+# The last offset refined, per topic, Kafka cluster and partition.
+Watermark = dict[str, dict[str, dict[int, int]]]
+
 KIND_ORDER = ("task", "rollout", "reward", "batch", "checkpoint")  # tasks first: they make references known
 
 
 @dataclass(frozen=True)
 class RawRecord:
+    cluster: str  # the Kafka cluster id: offsets restart in a new cluster
     topic: str
     partition: int
     offset: int
@@ -43,11 +47,11 @@ class RawRecord:
     value: bytes | None
 
     @property
-    def coordinates(self) -> tuple[str, int, int]:
-        return (self.topic, self.partition, self.offset)
+    def coordinates(self) -> tuple[str, str, int, int]:
+        return (self.cluster, self.topic, self.partition, self.offset)
 
-    def kafka_columns(self) -> dict[str, int]:
-        return {"kafka_partition": self.partition, "kafka_offset": self.offset, "kafka_timestamp": self.timestamp}
+    def kafka_columns(self) -> dict:
+        return {"kafka_cluster": self.cluster, "kafka_partition": self.partition, "kafka_offset": self.offset, "kafka_timestamp": self.timestamp}
 
 
 @dataclass
@@ -77,7 +81,7 @@ class RefineState:
     batches_waiting: dict[str, dict] = field(default_factory=dict)  # task_id -> silver batch row
 
     @classmethod
-    def load(cls, lake: Lake, watermark: dict[str, dict[int, int]]) -> "RefineState":
+    def load(cls, lake: Lake, watermark: Watermark) -> "RefineState":
         """Derive the state from the tables as they stand after the last refine commit."""
         state = cls()
 
@@ -109,20 +113,21 @@ class RefineState:
                     state.batches_waiting[task_id] = row
 
         # Rows waiting for their task: in bronze (up to the watermark) but neither in silver nor in quarantine.
-        quarantined = frame(QUARANTINE, ["topic", "kafka_partition", "kafka_offset"])
+        coordinates = ["kafka_cluster", "kafka_partition", "kafka_offset"]
+        quarantined = frame(QUARANTINE, ["topic", *coordinates])
         for kind in REFERS_TO_TASK:
             topic = TOPICS[kind]
             marks = watermark.get(topic, {})
             if not marks:
                 continue
             done = pl.concat([
-                frame(silver(kind), ["kafka_partition", "kafka_offset"]),
-                quarantined.filter(pl.col("topic") == topic).select(["kafka_partition", "kafka_offset"]),
+                frame(silver(kind), coordinates),
+                quarantined.filter(pl.col("topic") == topic).select(coordinates),
             ])
             held = (
                 scan(f"bronze/{topic}").filter(refined(marks))
-                .join(done.lazy(), on=["kafka_partition", "kafka_offset"], how="anti")
-                .sort(["kafka_partition", "kafka_offset"]).collect()
+                .join(done.lazy(), on=coordinates, how="anti")
+                .sort(coordinates).collect()
             )
             for row in held.iter_rows(named=True):
                 record = bronze_record(row)
@@ -131,17 +136,17 @@ class RefineState:
         return state
 
 
-def refined(marks: dict[int, int]) -> pl.Expr:
-    """Bronze rows at or before the refine watermark of their partition (`marks`: partition -> offset)."""
-    if not marks:
-        return pl.lit(False)
-    return pl.any_horizontal(
-        [(pl.col("kafka_partition") == p) & (pl.col("kafka_offset") <= o) for p, o in marks.items()]
-    )
+def refined(marks: dict[str, dict[int, int]]) -> pl.Expr:
+    """Bronze rows at or before the refine watermark of their log (`marks`: cluster -> partition -> offset)."""
+    terms = [
+        (pl.col("kafka_cluster") == cluster) & (pl.col("kafka_partition") == p) & (pl.col("kafka_offset") <= o)
+        for cluster, parts in marks.items() for p, o in parts.items()
+    ]
+    return pl.any_horizontal(terms) if terms else pl.lit(False)
 
 
 def bronze_record(row: dict) -> RawRecord:
-    return RawRecord(row["topic"], row["kafka_partition"], row["kafka_offset"], row["kafka_timestamp"], row["key"], row["value"])
+    return RawRecord(row["kafka_cluster"], row["topic"], row["kafka_partition"], row["kafka_offset"], row["kafka_timestamp"], row["key"], row["value"])
 
 
 def _silver_row(kind: str, payload: dict, record: RawRecord) -> dict:

@@ -23,7 +23,10 @@ from deltalake import DeltaTable, write_deltalake
 
 from streams.events import EVENT_TYPES, TOPICS, field_types
 
+# Where a record came from. Offsets are only meaningful within one Kafka cluster (a fresh local
+# broker starts every log at 0 again), so the cluster id is part of every record's coordinates.
 KAFKA_COLUMNS = [
+    pa.field("kafka_cluster", pa.string(), nullable=False),
     pa.field("kafka_partition", pa.int32(), nullable=False),
     pa.field("kafka_offset", pa.int64(), nullable=False),
     pa.field("kafka_timestamp", pa.int64(), nullable=False),
@@ -128,7 +131,7 @@ D_ENV_SCHEMA = pa.schema(
 )
 
 CHECKPOINTS_SCHEMA = pa.schema(
-    [f for f in event_schema("checkpoint") if f.name not in {"kafka_partition", "kafka_offset", "kafka_timestamp"}]
+    [f for f in event_schema("checkpoint") if f.name not in {c.name for c in KAFKA_COLUMNS}]
 )
 
 SILVER_KINDS = tuple(EVENT_TYPES)  # task, rollout, reward, batch, checkpoint

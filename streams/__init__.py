@@ -16,11 +16,11 @@ from .events import (
     decode,
     parse_envelope,
 )
-from .kafka import ALL_TOPICS, DEFAULT_PARTITIONS, EventProducer, assigned_consumer, ensure_topics
+from .kafka import ALL_TOPICS, DEFAULT_PARTITIONS, EventProducer, assigned_consumer, cluster_id, ensure_topics
 
 __all__ = [
     "ALL_TOPICS", "BOOTSTRAP_ENV", "DEFAULT_PARTITIONS", "EVENT_TYPES", "KIND_OF_TOPIC", "SCHEMA_VERSION", "TOPICS",
     "BatchScored", "BrokerError", "CheckpointPublished", "Event", "EventDecodeError", "EventProducer", "LocalBroker",
-    "RewardScored", "RolloutCompleted", "TaskGenerated", "assigned_consumer", "configured_bootstrap", "decode",
+    "RewardScored", "RolloutCompleted", "TaskGenerated", "assigned_consumer", "cluster_id", "configured_bootstrap", "decode",
     "ensure_topics", "kafka_bootstrap", "parse_envelope",
 ]

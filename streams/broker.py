@@ -17,6 +17,7 @@ import os
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,13 +77,16 @@ class LocalBroker:
         self.port = port or free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.startup_timeout_s = startup_timeout_s
+        # A fresh id per broker: its logs start at offset 0, so the lake must not confuse them with another's.
+        self.cluster_id = f"genenv-local-{uuid.uuid4().hex[:12]}"
         self.process: subprocess.Popen | None = None
 
     def start(self) -> "LocalBroker":
         url = f"tcp://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
             [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/", "--silent"],
+             "--storage-engine", "memory://tansu/",
+             "--cluster-id", self.cluster_id, "--silent"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         _live_brokers.add(self)

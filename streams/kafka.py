@@ -39,6 +39,15 @@ def ensure_topics(bootstrap: str, partitions: int = DEFAULT_PARTITIONS, topics: 
         admin.close()
 
 
+def cluster_id(bootstrap: str) -> str:
+    """The cluster's id: offsets mean something only within one cluster."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="genenv-admin")
+    try:
+        return admin.describe_cluster()["cluster_id"]
+    finally:
+        admin.close()
+
+
 class EventProducer:
     """Publishes events as JSON, keyed by task id; idempotent with acks=all."""
 

@@ -20,7 +20,7 @@ from lake import (
     versions,
 )
 from lake.tables import SCHEMAS, bronze
-from streams import ALL_TOPICS, EventProducer, RewardScored, RolloutCompleted, TaskGenerated
+from streams import ALL_TOPICS, EventProducer, LocalBroker, RewardScored, RolloutCompleted, TaskGenerated
 
 from conftest import ROOT
 
@@ -38,6 +38,20 @@ def event_ids(lake: Lake, kind: str) -> list[str]:
 def comparable(frame: pl.DataFrame) -> pl.DataFrame:
     """A table's rows in a canonical order (Delta files and micro-batches may order them differently)."""
     return frame.sort(frame.columns[:3] + (["kafka_partition", "kafka_offset"] if "kafka_offset" in frame.columns else []))
+
+
+def test_a_lake_fed_by_a_new_broker_takes_its_log_from_offset_zero(broker, lake, runner):
+    """A fresh local broker numbers its logs from 0 again: its events must land, not be skipped as already seen."""
+    first = epoch_events(run_id="first", tasks=4, group=2)
+    publish(broker.bootstrap, first)
+    run_ingest(lake, broker, runner)
+    with LocalBroker() as second_broker:
+        second = epoch_events(run_id="second", tasks=4, group=2)
+        publish(second_broker.bootstrap, second)
+        run_ingest(lake, second_broker, runner)
+    for kind in ("task", "rollout", "reward", "batch"):
+        assert sorted(event_ids(lake, kind)) == sorted(e.event_id for e in first + second if e.KIND == kind)
+    assert read_table(lake, QUARANTINE).height == 0
 
 
 def test_an_epoch_lands_in_silver_and_both_pools(broker, lake, runner):
@@ -173,7 +187,7 @@ def test_a_half_written_refine_step_is_rolled_back_and_redone(broker, lake, runn
     lake.append(silver("task"), stray.to_arrow())
     # ... and bronze rows past the refine watermark (bronze committed, refine not) must be refined.
     extra = epoch_events(epoch=1, tasks=1, group=1)
-    rows = pa.table({"topic": ["genenv.tasks"], "kafka_partition": pa.array([0], pa.int32()),
+    rows = pa.table({"topic": ["genenv.tasks"], "kafka_cluster": [broker.cluster_id], "kafka_partition": pa.array([0], pa.int32()),
                      "kafka_offset": pa.array([10_000], pa.int64()), "kafka_timestamp": pa.array([0], pa.int64()),
                      "key": [b"k"], "value": [extra[0].to_json()],
                      "ingested_at": pa.array([0], pa.timestamp("us", tz="UTC"))}, schema=SCHEMAS[bronze("genenv.tasks")])
