@@ -129,6 +129,52 @@ def run(
     console.print(f"d_train: {read_pool(lake_, 'd_train').height:,} rows; d_env: {read_pool(lake_, 'd_env').height:,} rows")
 
 
+@app.command()
+def train(
+    kind: Annotated[str, typer.Argument(help="agent (GRPO on gold/d_train) or env (RWR on gold/d_env).")],
+    lake: LakeOpt = Path("genenv-lake"),
+    pool_version: Annotated[Optional[int], typer.Option(help="Delta version of the pool to train on (default: the latest).")] = None,
+    parent: Annotated[Optional[int], typer.Option(help="Checkpoint version to start from (default: the newest; 0: the base model).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Base model when no checkpoint exists yet (a built-in name, path or hub id).")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="A trainer option as name=value (TRL names: learning_rate, beta, epsilon, loss_type, ...); repeatable.")] = [],
+    run_id: Annotated[str, typer.Option(help="Run id stamped on the CheckpointPublished event.")] = "manual",
+    epoch: Annotated[int, typer.Option(help="Epoch stamped on the event.")] = 0,
+    bootstrap: BootstrapOpt = None,
+) -> None:
+    """One update: train the agent or the simulator on its pool, write a checkpoint, publish and register it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from engine.overrides import OverrideError, apply_overrides
+    from engine.publishing import publish_checkpoint
+    from trainers import KINDS, CheckpointError, ModelNotFound, TrainError, default_config, train_update
+
+    if kind not in KINDS:
+        raise UserError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
+    try:
+        config = apply_overrides(default_config(kind), set_)
+    except OverrideError as exc:
+        raise UserError(str(exc)) from None
+    lake_ = Lake(lake, create=False)
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task(f"training {kind}", total=None)
+        try:
+            record = train_update(kind, lake_, config, base_model=model, pool_version=pool_version, parent_version=parent,
+                                  progress=lambda done, total: bar.update(task, completed=done, total=total))
+        except (TrainError, CheckpointError, ModelNotFound) as exc:
+            raise UserError(str(exc)) from None
+    with kafka_bootstrap(bootstrap) as servers, console.status(f"publishing {kind} v{record.version}"):
+        publish_checkpoint(lake_, servers, record, run_id, epoch)
+    summary = Table(title=f"{kind} v{record.version}")
+    summary.add_column("field")
+    summary.add_column("value")
+    for name in ("parent_version", "base_model", "pool_table", "pool_version", "seed", "config_hash", "sha256", "path"):
+        summary.add_row(name, str(getattr(record, name)))
+    for name, value in record.metrics.items():
+        summary.add_row(name, f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(summary)
+
+
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
         if value < 1:

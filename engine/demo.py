@@ -27,7 +27,7 @@ def epoch_events(run_id: str = "run-test", epoch: int = 0, tasks: int = 4, group
             a, c = rng.randint(1, 99), rng.randint(1, 99)
             events.append(TaskGenerated(
                 run_id=run_id, epoch=epoch, task_id=task_id, batch_id=batch_id, domain="arith",
-                env_model_version="env-v0", sim_prompt="Write an addition problem.",
+                env_model_version="0", sim_prompt="Write an addition problem.",
                 raw_generation=f"What is {a} + {c}?", task_prompt=f"What is {a} + {c}?",
                 reference_json=str(a + c), difficulty_json='{"digits": 2}', produced_at=0.0,
             ))
@@ -36,7 +36,7 @@ def epoch_events(run_id: str = "run-test", epoch: int = 0, tasks: int = 4, group
                 answer = a + c if rng.random() < 0.5 else a + c + 1
                 events.append(RolloutCompleted(
                     run_id=run_id, epoch=epoch, rollout_id=rollout_id, task_id=task_id, group_index=g,
-                    agent_model_version="agent-v0", prompt=f"What is {a} + {c}?", completion=str(answer),
+                    agent_model_version="0", prompt=f"What is {a} + {c}?", completion=str(answer),
                     completion_token_ids=[rng.randint(0, 1000) for _ in range(3)],
                     behaviour_logprobs=[-rng.random() for _ in range(3)], produced_at=0.0,
                 ))

@@ -1,9 +1,19 @@
-"""Model loading, generation backends (and, to come, GRPO for the agent, RWR for the simulator, checkpoints)."""
+"""Models, generation with logprobs, GRPO for the agent, RWR for the simulator, checkpoints with lineage."""
 
+from .checkpoints import (
+    KINDS, CheckpointError, CheckpointRecord, latest_version, load_checkpoint, manifest, registered, registry,
+)
 from .generation import Generation, SamplingConfig, TransformersBackend, VLLMBackend, render_prompt, sequence_logprobs, vllm_available
+from .grpo import GRPOConfig, GRPOTrainer
+from .losses import GRPOLossConfig, group_advantages, grpo_loss, rwr_loss, rwr_weights
 from .models import BUILTINS, LoadedModel, ModelNotFound, load_model
+from .rwr import RWRConfig, RWRTrainer
+from .update import POOL_OF, TrainError, default_config, train_update
 
 __all__ = [
-    "BUILTINS", "Generation", "LoadedModel", "ModelNotFound", "SamplingConfig", "TransformersBackend", "VLLMBackend",
-    "load_model", "render_prompt", "sequence_logprobs", "vllm_available",
+    "BUILTINS", "KINDS", "POOL_OF", "CheckpointError", "CheckpointRecord", "GRPOConfig", "GRPOLossConfig", "GRPOTrainer",
+    "Generation", "LoadedModel", "ModelNotFound", "RWRConfig", "RWRTrainer", "SamplingConfig", "TrainError",
+    "TransformersBackend", "VLLMBackend", "default_config", "group_advantages", "grpo_loss", "latest_version",
+    "load_checkpoint", "load_model", "manifest", "registered", "registry", "render_prompt", "rwr_loss", "rwr_weights",
+    "sequence_logprobs", "train_update", "vllm_available",
 ]

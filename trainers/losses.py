@@ -46,11 +46,14 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewar
 
 
 def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              config: GRPOLossConfig, ref_logps: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+              config: GRPOLossConfig, ref_logps: torch.Tensor | None = None,
+              token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Clipped-ratio policy loss over completion tokens.
 
-    logps, old_logps, ref_logps, mask: (batch, tokens); advantages: (batch,). old_logps are the
-    behaviour log-probabilities recorded at rollout time."""
+    logps, old_logps, ref_logps, mask, token_weights: (batch, tokens); advantages: (batch,).
+    old_logps are the log-probabilities the ratio is taken against: the behaviour ones recorded at
+    rollout time, or the current policy's for stale rows, whose truncated importance weights
+    pi_old / pi_behaviour then come in as token_weights (TRL's importance-sampling correction)."""
     mask = mask.float()
     log_ratio = logps - old_logps
     if config.importance_sampling_level == "sequence":
@@ -60,6 +63,8 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Te
     clipped = torch.clamp(ratio, 1 - config.epsilon, 1 + high)
     adv = advantages.unsqueeze(-1)
     per_token = -torch.min(ratio * adv, clipped * adv)
+    if token_weights is not None:
+        per_token = per_token * token_weights
     kl = None
     if config.beta:
         if ref_logps is None:

@@ -1,0 +1,142 @@
+"""Benchmark: generation and GRPO on smollm2-135m, each against a baseline run in the same process.
+
+    .venv/bin/python tests/bench/trainers.py [--model smollm2-135m] [--batch 32] [--tokens 32]
+
+Prints JSON:
+- generation: tokens/s of batched generation (`--batch` prompts at once) against one prompt at a
+  time on a subset of the same prompts (target ratio >= 8 at batch 32);
+- grpo_step: seconds of one GRPO update over a micro-batch of 8 rollouts against a plain
+  forward + backward + AdamW step of the same tokens with the usual causal-LM loss (target <= 1.2);
+- grpo_peak_rss_mib: peak RSS of a child process that loads the model and runs that GRPO step
+  (target <= 4096).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+QUESTIONS = [f"What is the weather in city number {i}? Call get_weather." for i in range(64)]
+
+
+def rollout_rows(loaded, tokens: int, rows: int = 8):
+    """Real rollouts of the model (sampled), shaped like gold/d_train rows."""
+    import polars as pl
+
+    from trainers import SamplingConfig, TransformersBackend, render_prompt
+
+    prompts = [render_prompt(loaded.tokenizer, q) for q in QUESTIONS[: rows // 4]]
+    backend = TransformersBackend(loaded.model, loaded.tokenizer, batch_size=rows)
+    gens = backend.generate([p for p in prompts for _ in range(4)], SamplingConfig(max_new_tokens=tokens, seed=0))
+    return pl.DataFrame([{
+        "rollout_id": f"r{i}", "task_id": f"t{i // 4}", "group_index": i % 4, "agent_model_version": "0",
+        "prompt": g.prompt, "completion": g.text, "completion_token_ids": g.token_ids, "behaviour_logprobs": g.logprobs,
+        "reward": float(i % 2), "staleness": 0,
+    } for i, g in enumerate(gens)])
+
+
+def bench_generation(loaded, batch: int, tokens: int, singles: int) -> dict:
+    from trainers import SamplingConfig, TransformersBackend, render_prompt
+
+    prompts = [render_prompt(loaded.tokenizer, q) for q in QUESTIONS[:batch]]
+    # min_new_tokens-free sampling can stop early; count the tokens actually produced.
+    sampling = SamplingConfig(max_new_tokens=tokens, temperature=1.0, seed=0)
+    batched = TransformersBackend(loaded.model, loaded.tokenizer, batch_size=batch)
+    batched.generate(prompts[:2], sampling)  # warm-up
+    start = time.perf_counter()
+    produced = sum(len(g.token_ids) for g in batched.generate(prompts, sampling))
+    batched_rate = produced / (time.perf_counter() - start)
+    single = TransformersBackend(loaded.model, loaded.tokenizer, batch_size=1)
+    start = time.perf_counter()
+    produced = sum(len(g.token_ids) for g in single.generate(prompts[:singles], sampling))
+    single_rate = produced / (time.perf_counter() - start)
+    return {"batch": batch, "batched_tokens_per_s": round(batched_rate, 1), "single_tokens_per_s": round(single_rate, 1),
+            "ratio": round(batched_rate / single_rate, 2), "target_ratio": 8.0}
+
+
+def bench_grpo_step(loaded, tokens: int, repeats: int) -> dict:
+    import torch
+
+    from trainers import GRPOConfig, GRPOTrainer
+    from trainers.batching import pack
+
+    rows = rollout_rows(loaded, tokens)
+    config = GRPOConfig(per_device_train_batch_size=8, learning_rate=1e-6)
+    trainer = GRPOTrainer(loaded.model, loaded.tokenizer, config)
+    prompt_ids = loaded.tokenizer(rows["prompt"].to_list(), add_special_tokens=False)["input_ids"]
+    batch = pack(prompt_ids, [r.to_list() for r in rows["completion_token_ids"]], loaded.tokenizer.pad_token_id)
+    labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
+    optimiser = torch.optim.AdamW(loaded.model.parameters(), lr=1e-6)
+
+    def plain_step():
+        loaded.model.train()
+        loss = loaded.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels).loss
+        loss.backward()
+        optimiser.step()
+        optimiser.zero_grad(set_to_none=True)
+
+    plain_step()  # warm-up, both paths
+    trainer.train(rows)
+    plain, grpo = [], []
+    for _ in range(repeats):  # interleaved, so drift on a shared machine hits both alike
+        start = time.perf_counter()
+        plain_step()
+        plain.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        trainer.train(rows)
+        grpo.append(time.perf_counter() - start)
+    p, g = statistics.median(plain), statistics.median(grpo)
+    return {"rows": rows.height, "completion_tokens": int(batch.completion_mask.sum()), "plain_step_s": round(p, 3),
+            "grpo_step_s": round(g, 3), "ratio": round(g / p, 3), "target_ratio": 1.2}
+
+
+def grpo_rss_child(model: str, tokens: int, queue) -> None:
+    from trainers import GRPOConfig, GRPOTrainer, load_model
+
+    loaded = load_model(model)
+    rows = rollout_rows(loaded, tokens)
+    GRPOTrainer(loaded.model, loaded.tokenizer, GRPOConfig(per_device_train_batch_size=8)).train(rows)
+    queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB on Linux
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--singles", type=int, default=4, help="prompts generated one at a time for the baseline")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    import torch
+
+    from trainers import load_model
+
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=grpo_rss_child, args=(args.model, args.tokens, queue))
+    child.start()
+    peak_mib = queue.get()
+    child.join()
+
+    loaded = load_model(args.model)
+    result = {
+        "model": args.model, "threads": torch.get_num_threads(),
+        "generation": bench_generation(loaded, args.batch, args.tokens, args.singles),
+        "grpo_step": bench_grpo_step(loaded, args.tokens, args.repeats),
+        "grpo_peak_rss_mib": round(peak_mib, 1), "target_peak_rss_mib": 4096,
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Checkpoints: whole model folders under the lake root, addressed by (kind, version), checked by sha256.
+
+    <lake>/checkpoints/<kind>/v<version>/
+        model.safetensors, config.json, tokenizer files    a folder transformers loads as it is
+        genenv.json                                         the lineage: parent, base model, pool + version, config, seed
+
+Invariants:
+- A checkpoint folder appears whole or not at all: it is written beside its final name, then renamed.
+- Its sha256 is that of model.safetensors. On CPU the same parent, pool version, config and seed give
+  the same bytes, so the hash identifies the training, not only the file.
+- The record of a checkpoint is its row in registry/checkpoints (from its CheckpointPublished event,
+  through ingest); loading by version looks the row up and refuses a file whose hash differs.
+- Version 0 of each kind is the base model itself, named in every checkpoint's lineage; it has no folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from lake import CHECKPOINTS, Lake, read_table
+
+from .models import LoadedModel, load_model
+
+KINDS = ("agent", "env")
+WEIGHTS = "model.safetensors"
+MANIFEST = "genenv.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, unregistered or does not match its recorded hash."""
+
+
+@dataclass
+class CheckpointRecord:
+    """Everything a CheckpointPublished event says about a checkpoint (the engine adds run and epoch)."""
+
+    model_kind: str
+    version: int
+    parent_version: int | None
+    base_model: str
+    path: str
+    sha256: str
+    pool_table: str
+    pool_version: int
+    config_hash: str
+    seed: int
+    metrics: dict = field(default_factory=dict)
+
+    def event_fields(self) -> dict:
+        fields = asdict(self)
+        fields.pop("base_model")
+        fields["metrics_json"] = json.dumps(fields.pop("metrics"), sort_keys=True)
+        return fields
+
+
+def checkpoint_dir(lake: Lake, kind: str, version: int) -> Path:
+    if "://" in lake.root:
+        raise CheckpointError(f"checkpoints are written under a local lake root, not {lake.root}")
+    return Path(lake.root) / "checkpoints" / kind / f"v{version}"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def config_hash(config) -> str:
+    return hashlib.sha256(json.dumps(asdict(config), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def save_checkpoint(model, tokenizer, target: Path, manifest: dict) -> str:
+    """Write model, tokenizer and lineage to `target` (whole or not at all); return the weights' sha256."""
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial, safe_serialization=True)
+    tokenizer.save_pretrained(partial)
+    sha = file_sha256(partial / WEIGHTS)
+    (partial / MANIFEST).write_text(json.dumps({**manifest, "sha256": sha}, indent=2, sort_keys=True))
+    # A folder left by a run that died before publishing is not a checkpoint of record: replace it.
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return sha
+
+
+def registry(lake: Lake, kind: str) -> pl.DataFrame:
+    """The registered checkpoints of one kind, one row per version (the last published wins), oldest first."""
+    if kind not in KINDS:
+        raise CheckpointError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
+    rows = read_table(lake, CHECKPOINTS).filter(pl.col("model_kind") == kind)
+    return rows.unique("version", keep="last", maintain_order=True).sort("version")
+
+
+def latest_version(lake: Lake, kind: str) -> int:
+    """The newest registered version of a kind; 0 (the base model) when none is registered."""
+    versions = registry(lake, kind)["version"]
+    return int(versions.max()) if len(versions) else 0
+
+
+def registered(lake: Lake, kind: str, version: int) -> dict:
+    rows = registry(lake, kind).filter(pl.col("version") == version)
+    if rows.is_empty():
+        known = registry(lake, kind)["version"].to_list()
+        raise CheckpointError(f"no {kind} checkpoint version {version} in {lake.root}/{CHECKPOINTS} "
+                              f"(registered: {', '.join(map(str, known)) or 'none'})")
+    return rows.row(0, named=True)
+
+
+def manifest(lake: Lake, kind: str, version: int) -> dict:
+    """The lineage a registered checkpoint was written with."""
+    path = Path(registered(lake, kind, version)["path"]) / MANIFEST
+    if not path.is_file():
+        raise CheckpointError(f"{kind} checkpoint version {version} has no {MANIFEST} at {path.parent}")
+    return json.loads(path.read_text())
+
+
+def load_checkpoint(lake: Lake, kind: str, version: int, base_model: str | None = None) -> LoadedModel:
+    """Load a registered checkpoint after checking its hash; version 0 is `base_model`."""
+    if version == 0:
+        if base_model is None:
+            raise CheckpointError(f"{kind} version 0 is the base model, and none was named")
+        return load_model(base_model)
+    row = registered(lake, kind, version)
+    folder = Path(row["path"])
+    weights = folder / WEIGHTS
+    if not weights.is_file():
+        raise CheckpointError(f"{kind} checkpoint version {version}: {weights} is missing")
+    actual = file_sha256(weights)
+    if actual != row["sha256"]:
+        raise CheckpointError(f"{kind} checkpoint version {version}: {weights} has sha256 {actual[:12]}..., "
+                              f"the registry records {row['sha256'][:12]}... (corrupt or replaced)")
+    return load_model(str(folder))

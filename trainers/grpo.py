@@ -1,0 +1,151 @@
+"""GRPO for the agent, over rollouts that already exist: rows of gold/d_train at one Delta version.
+
+Why a small torch loop and not TRL's GRPOTrainer: GRPOTrainer owns the sampling step. Its
+`rollout_func` hook can hand back pre-generated completions, but the trainer still drives
+everything from a prompt dataset: it repeats each prompt `num_generations` times, asks the hook
+for that many completions, scores them with reward functions it calls itself, and picks the
+batches. Here the rollouts, their rewards and their behaviour log-probabilities were produced by
+other workers (possibly by older policies) and sit in the lake; pushing them back through that
+loop would mean a fake prompt dataset and reward functions that look rewards up. What GRPO *is*
+lives in trainers/losses.py with TRL's option names and formulas; this module is only the reading
+of rows, the staleness rule, batching and the optimiser.
+
+Staleness: a row carries the agent version that produced it. Rows from the parent itself use
+their recorded behaviour log-probabilities as the ratio's denominator. Rows 1..max_staleness
+versions behind are either dropped (`off_policy="drop"`) or trained with the parent's
+log-probabilities as denominator and a truncated importance weight
+min(pi_parent / pi_behaviour, importance_sampling_cap) per token (`"truncate"`, as TRL corrects
+vLLM's sampling mismatch). Rows further behind are always dropped.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Literal
+
+import polars as pl
+import torch
+
+from .batching import TokenBatch, completion_logps, pack
+from .loop import OptimConfig, Progress, chunk, optimise, with_lora
+from .losses import GRPOLossConfig, group_advantages, grpo_loss
+
+
+@dataclass
+class GRPOConfig(OptimConfig, GRPOLossConfig):
+    num_iterations: int = 1  # passes over the rows per update (TRL's mu)
+    temperature: float = 1.0  # the temperature the rollouts were sampled at: their logprobs are of softmax(logits / T)
+    max_staleness: int = 1  # rows from agents more than this many versions behind the parent are dropped
+    off_policy: Literal["truncate", "drop"] = "truncate"  # what to do with rows 1..max_staleness versions behind
+    importance_sampling_cap: float = 2.0  # TRL's vllm_importance_sampling_cap
+
+    def check(self) -> None:
+        super().check()
+        choices = {"loss_type": ("grpo", "bnpo", "dr_grpo"), "scale_rewards": ("group", "batch", "none"),
+                   "importance_sampling_level": ("token", "sequence"), "off_policy": ("truncate", "drop")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.epsilon <= 0 or (self.epsilon_high is not None and self.epsilon_high <= 0):
+            raise ValueError("epsilon and epsilon_high must be > 0")
+        if self.beta < 0 or self.max_staleness < 0 or self.num_iterations < 1 or self.temperature <= 0:
+            raise ValueError("beta and max_staleness must be >= 0, num_iterations >= 1, temperature > 0")
+
+
+@dataclass
+class MicroBatch:
+    tokens: TokenBatch
+    old_logps: torch.Tensor  # the ratio's denominator, (batch, C)
+    advantages: torch.Tensor  # (batch,)
+    token_weights: torch.Tensor | None  # truncated importance weights of stale rows, 1 elsewhere
+    ref_logps: torch.Tensor | None
+
+
+def staleness_of(version: str, parent_version: int) -> int | None:
+    try:
+        return parent_version - int(version)
+    except ValueError:
+        return None
+
+
+def select_rows(rows: pl.DataFrame, parent_version: int, config: GRPOConfig) -> tuple[pl.DataFrame, Counter]:
+    """The rows this update may train on, with their staleness; the others counted by why they were left out."""
+    dropped: Counter = Counter()
+    kept = []
+    for row in rows.sort(["task_id", "group_index", "rollout_id"]).iter_rows(named=True):
+        staleness = staleness_of(row["agent_model_version"], parent_version)
+        ids, logps = row["completion_token_ids"] or [], row["behaviour_logprobs"] or []
+        if staleness is None:
+            dropped["unknown_version"] += 1
+        elif staleness < 0:
+            dropped["newer_than_parent"] += 1
+        elif staleness > config.max_staleness or (staleness > 0 and config.off_policy == "drop"):
+            dropped["stale"] += 1
+        elif not ids or len(ids) != len(logps):
+            dropped["no_token_logprobs"] += 1
+        else:
+            kept.append({**row, "staleness": staleness})
+    return pl.DataFrame(kept, infer_schema_length=None) if kept else rows.clear(), dropped
+
+
+class GRPOTrainer:
+    def __init__(self, model, tokenizer, config: GRPOConfig, ref_model=None):
+        config.check()
+        if config.beta and ref_model is None:
+            raise ValueError("beta > 0 needs a reference model")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model = with_lora(model, config) if config.use_peft else model
+        self.ref_model = ref_model
+
+    def micro_batches(self, rows: pl.DataFrame) -> list[MicroBatch]:
+        """Advantages over each task's group, then micro-batches in a seeded order, with every
+        log-probability that does not depend on the weights being trained computed up front."""
+        cfg = self.config
+        rewards = torch.tensor(rows["reward"].to_list(), dtype=torch.float32)
+        task_ids = rows["task_id"].to_list()
+        group_of = {task_id: i for i, task_id in enumerate(dict.fromkeys(task_ids))}
+        advantages = group_advantages(rewards, torch.tensor([group_of[t] for t in task_ids]), cfg.scale_rewards)
+        prompts = self.tokenizer(rows["prompt"].to_list(), add_special_tokens=False)["input_ids"]
+        order = torch.randperm(rows.height, generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+        batches = []
+        for indices in chunk(order, cfg.per_device_train_batch_size):
+            completions = [rows["completion_token_ids"][i].to_list() for i in indices]
+            tokens = pack([prompts[i] for i in indices], completions, self.tokenizer.pad_token_id)
+            behaviour = _pad([rows["behaviour_logprobs"][i].to_list() for i in indices], tokens.completion_width)
+            stale = torch.tensor([rows["staleness"][i] > 0 for i in indices])
+            old, weights = behaviour, None
+            if stale.any():
+                with torch.no_grad():
+                    current = completion_logps(self.model, tokens, cfg.temperature)
+                stale_tokens = stale.unsqueeze(-1).expand_as(current)
+                old = torch.where(stale_tokens, current, behaviour)
+                weights = torch.where(stale_tokens, torch.exp(current - behaviour).clamp(max=cfg.importance_sampling_cap),
+                                      torch.ones_like(current))
+            ref = None
+            if cfg.beta:
+                with torch.no_grad():
+                    ref = completion_logps(self.ref_model, tokens, cfg.temperature)
+            batches.append(MicroBatch(tokens, old, advantages[indices], weights, ref))
+        return batches
+
+    def train(self, rows: pl.DataFrame, progress: Progress | None = None) -> dict:
+        """One update over `rows` (already selected by `select_rows`); returns its metrics."""
+        torch.manual_seed(self.config.seed)
+        batches = self.micro_batches(rows)
+
+        def loss_of(mb: MicroBatch):
+            logps = completion_logps(self.model, mb.tokens, self.config.temperature)
+            return grpo_loss(logps, mb.old_logps, mb.advantages, mb.tokens.completion_mask, self.config,
+                             mb.ref_logps, mb.token_weights)
+
+        metrics = optimise(self.model, batches, loss_of, self.config, self.config.num_iterations, progress)
+        rewards = rows["reward"]
+        zero_std = rows.group_by("task_id").agg(pl.col("reward").n_unique() == 1)["reward"].mean()
+        return {**metrics, "rows": rows.height, "groups": rows["task_id"].n_unique(), "reward_mean": rewards.mean(),
+                "zero_std_groups_frac": zero_std, "stale_rows": int((rows["staleness"] > 0).sum())}
+
+
+def _pad(rows: list[list[float]], width: int) -> torch.Tensor:
+    return torch.tensor([r + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32)

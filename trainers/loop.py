@@ -1,0 +1,85 @@
+"""What both trainers share: the optimiser options, LoRA, and one pass of micro-batches with accumulation."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Progress = Callable[[int, int], None]  # (micro-batches done, total)
+
+
+@dataclass
+class OptimConfig:
+    """Optimiser options, named as in transformers' TrainingArguments / TRL's configs."""
+
+    learning_rate: float = 1e-5
+    per_device_train_batch_size: int = 8  # rows per micro-batch
+    gradient_accumulation_steps: int = 1  # micro-batches per optimiser step
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    seed: int = 0
+    use_peft: bool = False  # train LoRA adapters (peft) instead of every weight; checkpoints hold merged weights
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+    def check(self) -> None:
+        """Raise ValueError naming the first bad option."""
+        positive = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_grad_norm")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.use_peft and self.lora_r < 1:
+            raise ValueError(f"lora_r must be >= 1, got {self.lora_r}")
+
+
+def with_lora(model, config: OptimConfig):
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def merged(model):
+    """A plain transformers model: LoRA adapters folded into the weights (a no-op without peft)."""
+    return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+
+
+def chunk(items: Sequence, size: int) -> list[Sequence]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def optimise(model, micro_batches: Sequence[Any], loss_of: Callable[[Any], tuple[torch.Tensor, dict]],
+             config: OptimConfig, passes: int = 1, progress: Progress | None = None) -> dict:
+    """`passes` sweeps over the micro-batches, one optimiser step every gradient_accumulation_steps.
+
+    loss_of(micro_batch) returns the micro-batch's mean loss and its metrics; the result is
+    their mean over every micro-batch, with the number of optimiser steps and the last grad norm."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimiser = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    model.train()
+    accumulate = config.gradient_accumulation_steps
+    total = passes * len(micro_batches)
+    sums: dict[str, float] = defaultdict(float)
+    steps, grad_norm = 0, 0.0
+    for i in range(total):
+        loss, metrics = loss_of(micro_batches[i % len(micro_batches)])
+        (loss / accumulate).backward()
+        sums["loss"] += loss.item()
+        for name, value in metrics.items():
+            sums[name] += value
+        if (i + 1) % accumulate == 0 or i + 1 == total:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm).item()
+            optimiser.step()
+            optimiser.zero_grad(set_to_none=True)
+            steps += 1
+        if progress:
+            progress(i + 1, total)
+    model.eval()
+    return {**{k: v / max(total, 1) for k, v in sums.items()}, "optimizer_steps": steps, "grad_norm": grad_norm}

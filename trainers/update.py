@@ -1,0 +1,117 @@
+"""One update of a model from its pool: resolve lineage, read the new rows, train, write a checkpoint.
+
+    agent: gold/d_train --GRPO--> checkpoints/agent/v<n>
+    env:   gold/d_env   --RWR-->  checkpoints/env/v<n>
+
+An update trains the parent (default: the newest registered version; version 0 is the base model)
+on the pool rows at `pool_version` that the parent has not seen: those absent from the pool at the
+version the parent was trained on. Everything that can be wrong (pool version, parent, base model,
+options, an empty selection) is checked before a model is loaded, and nothing is written unless
+training finished. Publishing the CheckpointPublished event is the caller's job (trainers do not
+talk to Kafka); the registry row appears when the event is ingested.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import polars as pl
+import torch
+
+from lake import POOLS, Lake, read_pool
+
+from . import grpo, rwr
+from .checkpoints import (
+    KINDS, CheckpointRecord, checkpoint_dir, config_hash, latest_version, load_checkpoint, manifest, save_checkpoint,
+)
+from .loop import Progress, merged
+from .models import load_model
+
+POOL_OF = {"agent": "d_train", "env": "d_env"}
+ROW_KEY = {"d_train": "rollout_id", "d_env": "task_id"}
+
+
+class TrainError(RuntimeError):
+    """An update that cannot start: nothing to train on, or options that contradict the lineage."""
+
+
+def default_config(kind: str):
+    return grpo.GRPOConfig() if kind == "agent" else rwr.RWRConfig()
+
+
+def new_rows(lake: Lake, pool: str, version: int, seen_version: int | None) -> pl.DataFrame:
+    """Rows of the pool at `version` that were not in it at `seen_version`."""
+    rows = read_pool(lake, pool, version)
+    if seen_version is None:
+        return rows
+    seen = read_pool(lake, pool, seen_version).select(ROW_KEY[pool])
+    return rows.join(seen, on=ROW_KEY[pool], how="anti")
+
+
+def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None = None, pool_version: int | None = None,
+                 parent_version: int | None = None, progress: Progress | None = None) -> CheckpointRecord:
+    if kind not in KINDS:
+        raise TrainError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
+    config = config or default_config(kind)
+    try:
+        config.check()
+    except ValueError as exc:
+        raise TrainError(f"bad {kind} training option: {exc}") from None
+    pool = POOL_OF[kind]
+    table = POOLS[pool]
+    pool_version = lake.version(table) if pool_version is None else pool_version
+    lake.table(table, pool_version)  # raises LakeError naming the latest version when it does not exist
+
+    parent = latest_version(lake, kind) if parent_version is None else parent_version
+    seen_version = None
+    if parent > 0:
+        lineage = manifest(lake, kind, parent)
+        if base_model is not None and base_model != lineage["base_model"]:
+            raise TrainError(f"{kind} v{parent} descends from {lineage['base_model']!r}, not {base_model!r}")
+        base_model = lineage["base_model"]
+        seen_version = lineage["pool_version"]
+        if seen_version > pool_version:
+            raise TrainError(f"{kind} v{parent} was trained on {table}@{seen_version}, newer than the requested {pool_version}")
+    elif base_model is None:
+        raise TrainError(f"no {kind} checkpoint is registered yet: name the base model to start from")
+
+    rows = new_rows(lake, pool, pool_version, seen_version)
+    if kind == "agent":
+        selected, dropped = grpo.select_rows(rows, parent, config)
+    else:
+        selected, dropped = rwr.select_rows(rows)
+    if selected.is_empty():
+        since = f" since {table}@{seen_version} (what v{parent} saw)" if seen_version is not None else ""
+        why = f"; left out: {dict(dropped)}" if dropped else ""
+        raise TrainError(f"{table}@{pool_version} holds no rows to train the {kind} on{since}{why}")
+
+    loaded = load_checkpoint(lake, kind, parent, base_model)
+    ref = None
+    if (kind == "agent" and config.beta) or (kind == "env" and config.kl_coef):
+        ref = load_model(base_model).model.eval()  # the initial model: version 0 of the lineage
+    torch.manual_seed(config.seed)
+    if kind == "agent":
+        trainer = grpo.GRPOTrainer(loaded.model, loaded.tokenizer, config, ref)
+    else:
+        trainer = rwr.RWRTrainer(loaded.model, loaded.tokenizer, config, ref)
+    metrics = trainer.train(selected, progress)
+    metrics["rows_left_out"] = dict(dropped)
+
+    version = max(parent, latest_version(lake, kind)) + 1
+    target = checkpoint_dir(lake, kind, version)
+    record = CheckpointRecord(
+        model_kind=kind, version=version, parent_version=parent, base_model=base_model, path=str(target), sha256="",
+        pool_table=table, pool_version=pool_version, config_hash=config_hash(config), seed=config.seed,
+        metrics=_plain(metrics),
+    )
+    lineage = {**asdict(record), "config": asdict(config)}
+    lineage.pop("sha256")
+    record.sha256 = save_checkpoint(merged(trainer.model), loaded.tokenizer, target, lineage)
+    return record
+
+
+def _plain(metrics: dict) -> dict:
+    """Metrics as JSON-safe numbers (rounded: they are for reading, the weights carry the exact result)."""
+    return json.loads(json.dumps(metrics, default=float), parse_float=lambda s: round(float(s), 6))
+
