@@ -27,6 +27,7 @@ test: install
 
 bench: install
 	$(BIN)/python tests/bench/ingest.py
+	$(BIN)/python tests/bench/trainers.py
 
 clean:
 	rm -rf $(VENV) genenv-lake

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -13,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from lake import IngestConfig, Ingestor, Lake, LakeError, quarantine_by_reason, status, versions
+from lake import IngestConfig, Lake, LakeError, quarantine_by_reason, status, versions
 from lake import ingest as run_ingest
 from streams import BOOTSTRAP_ENV, BrokerError, LocalBroker, ensure_topics, kafka_bootstrap
 
@@ -21,6 +22,8 @@ app = typer.Typer(help="GenEnv: co-evolving agents and environment simulators, a
                   no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_enable=False)
 lake_app = typer.Typer(help="Inspect the Delta lake: tables, versions, quarantine.", no_args_is_help=True)
 app.add_typer(lake_app, name="lake")
+experiment_app = typer.Typer(help="Experiments over several runs.", no_args_is_help=True)
+app.add_typer(experiment_app, name="experiment")
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
 
@@ -102,31 +105,125 @@ def lake_versions(table: str, lake: LakeOpt = Path("genenv-lake")) -> None:
 def run(
     lake: LakeOpt = Path("genenv-lake"),
     bootstrap: BootstrapOpt = None,
-    epochs: Annotated[int, typer.Option(help="Epochs of events to publish.")] = 3,
-    tasks: Annotated[int, typer.Option(help="Tasks per epoch.")] = 64,
-    group: Annotated[int, typer.Option(help="Rollouts per task (G).")] = 8,
-    run_id: Annotated[str, typer.Option(help="Run id stamped on every event.")] = "demo",
+    profile: Annotated[str, typer.Option(help="quick (tiny models, ~1 min), default (smollm2-135m on CPU), paper (GPU settings).")] = "default",
+    config: Annotated[Optional[Path], typer.Option("--config", help="A TOML file with any of the options (see `genenv config`).")] = None,
+    domain: Annotated[Optional[str], typer.Option(help="arith, toolcall or qa.")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="genenv, genenv-random, genenv-static or seeds-only.")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Epochs to run.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed of the run.")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="Any option as name=value or section.name=value (sections: curriculum, agent, env); repeatable.")] = [],
+    report: Annotated[Optional[Path], typer.Option(help="Report folder (default: <lake>/reports/<run id>).")] = None,
+    streaming: Annotated[bool, typer.Option("--async", help="Async mode: one worker process per role instead of the sync loop.")] = False,
 ) -> None:
-    """The main job. For now the data-plane demo: publish synthetic epochs through Kafka and ingest them."""
-    from engine.demo import epoch_events, publish
-    from lake import read_pool
+    """The main job: co-evolve the agent and the simulator, everything through Kafka and the lake, then write a report."""
+    from engine.config import load_config
+    from engine.loop import Engine
+    from engine.publishing import LakeWriter
+    from engine.report import write_report
 
-    _check_positive(epochs=epochs, tasks=tasks, group=group)
+    flags = [f"{name}={value}" for name, value in (("domain", domain), ("mode", mode), ("epochs", epochs), ("seed", seed))
+             if value is not None]
+    try:
+        cfg = load_config(profile, config, flags + list(set_))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     lake_ = Lake(lake)
+    console.print(f"{'async' if streaming else 'sync'} run: {cfg.domain}, {cfg.mode}, agent {cfg.agent_model}, "
+                  f"simulator {cfg.env_model}, {cfg.epochs} epochs, lake {lake_.root}")
+    with kafka_bootstrap(bootstrap) as servers, _phases() as phase:
+        if streaming:
+            from engine.streaming import metrics_from_lake, run_async
+
+            engine = run_async(cfg, lake_, servers, say=console.print, phase=phase)
+            metrics = metrics_from_lake(lake_, engine.run_id)
+        else:
+            with LakeWriter(lake_, servers) as writer:
+                engine = Engine(cfg, lake_, writer, say=console.print, phase=phase)
+                metrics = engine.run()
+    folder = report or Path(lake_.root) / "reports" / engine.run_id
+    page = write_report(folder, engine.run_id, cfg, metrics, engine.initial_accuracy, lake_.root)
+    summary = Table(title=f"run {engine.run_id}")
+    for column in ("epoch", "agent v", "env v", "valid", "agent success", "in band", "validation acc"):
+        summary.add_column(column, justify="right")
+    for m in metrics:
+        summary.add_row(str(m.epoch), str(m.agent_version), str(m.env_version), f"{m.valid_share:.2f}",
+                        f"{m.agent_success:.2f}", f"{m.in_band_share:.2f}", f"{m.validation_accuracy:.3f}")
+    console.print(summary)
+    console.print(f"report: {page}")
+
+
+@app.command("config")
+def show_config(
+    profile: Annotated[str, typer.Option(help="quick, default or paper.")] = "default",
+    config: Annotated[Optional[Path], typer.Option("--config", help="A TOML file to layer on the profile.")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="An option as name=value; repeatable.")] = [],
+) -> None:
+    """Print every option of a run, with its value, as TOML: a starting point for `genenv run --config`."""
+    from engine.config import load_config, to_toml
+
+    try:
+        print(to_toml(load_config(profile, config, list(set_))), end="")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+@experiment_app.command("ablation")
+def ablation(
+    domain: Annotated[str, typer.Option(help="arith, toolcall or qa.")] = "toolcall",
+    seeds: Annotated[int, typer.Option(help="Seeds per mode.")] = 3,
+    lake: LakeOpt = Path("genenv-ablation-lake"),
+    bootstrap: BootstrapOpt = None,
+    profile: Annotated[str, typer.Option(help="Profile the runs start from.")] = "default",
+    config: Annotated[Optional[Path], typer.Option("--config", help="A TOML file with the runs' options.")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="An option as name=value; repeatable.")] = [],
+    out: Annotated[Optional[Path], typer.Option(help="Output folder (default: <lake>/reports/ablation-<domain>).")] = None,
+) -> None:
+    """genenv, genenv-random, genenv-static and seeds-only at equal rollout budget: a table and a plot."""
+    from engine.config import load_config
+    from engine.experiment import run_ablation
+
+    _check_positive(seeds=seeds)
+    try:
+        cfg = load_config(profile, config, [f"domain={domain}", *set_])
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    lake_ = Lake(lake)
+    folder = out or Path(lake_.root) / "reports" / f"ablation-{cfg.domain}"
+    with kafka_bootstrap(bootstrap) as servers, _phases() as phase:
+        table = run_ablation(cfg, seeds, lake_, servers, folder, say=console.print, phase=phase)
+    summary = Table(title=f"ablation: {cfg.domain}, {seeds} seeds")
+    for column in ("mode", "final validation (mean ± sd)", "gain", "in band"):
+        summary.add_column(column)
+    for mode, t in table.items():
+        summary.add_row(mode, f"{t['final_validation'][0]:.3f} ± {t['final_validation'][1]:.3f}",
+                        f"{t['gain'][0]:+.3f} ± {t['gain'][1]:.3f}", f"{t['in_band_share'][0]:.2f}")
+    console.print(summary)
+    console.print(f"table and plot: {folder}")
+
+
+@app.command()
+def worker(
+    role: Annotated[str, typer.Argument(help="simulator, rollout, reward, train-agent or train-env (the ingest worker is `genenv ingest`).")],
+    run_id: Annotated[str, typer.Option(help="The run this worker serves.")],
+    lake: LakeOpt = Path("genenv-lake"),
+    bootstrap: BootstrapOpt = None,
+    profile: Annotated[str, typer.Option(help="Profile the options start from.")] = "default",
+    config: Annotated[Optional[Path], typer.Option("--config", help="A TOML file with the run's options.")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="An option as name=value; repeatable.")] = [],
+) -> None:
+    """One role of the async mode, as a long-running Kafka consumer (Ctrl-C or SIGTERM stops it)."""
+    from engine.config import load_config
+    from engine.workers import ROLES, Worker
+
+    if role not in ROLES:
+        raise UserError(f"unknown worker role {role!r}; roles: {', '.join(ROLES)} (the ingest worker is `genenv ingest`)")
+    try:
+        cfg = load_config(profile, config, list(set_))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    lake_ = Lake(lake, create=False)
     with kafka_bootstrap(bootstrap) as servers:
-        ensure_topics(servers)
-        ingestor = Ingestor(lake_, servers).start()
-        try:
-            for epoch in range(epochs):
-                sent = publish(servers, epoch_events(run_id, epoch, tasks=tasks, group=group))
-                target = ingestor.stats.records + sent
-                with console.status(f"epoch {epoch}: ingesting {sent} events"):
-                    ingestor.run(stop=lambda: ingestor.stats.records >= target)
-                console.print(f"epoch {epoch}: {sent} events published and ingested")
-        finally:
-            ingestor.close()
-    lake_status(lake)
-    console.print(f"d_train: {read_pool(lake_, 'd_train').height:,} rows; d_env: {read_pool(lake_, 'd_env').height:,} rows")
+        Worker(role, cfg, lake_, servers, run_id, say=console.print).run(stop=lambda: False)
 
 
 @app.command()
@@ -175,6 +272,24 @@ def train(
     console.print(summary)
 
 
+@contextlib.contextmanager
+def _phases():
+    """A progress bar per phase of the engine (generation, training, ingest), printed above the log lines."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        @contextlib.contextmanager
+        def phase(description: str):
+            task = bar.add_task(description, total=None)
+            try:
+                yield lambda done, total: bar.update(task, completed=done, total=total)
+            finally:
+                bar.remove_task(task)
+
+        yield phase
+
+
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
         if value < 1:
@@ -188,6 +303,10 @@ def _on_sigterm(signum, frame):  # a normal exit, so context managers stop the l
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.ERROR)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # the CLI shows its own progress
+    transformers.utils.logging.set_verbosity_error()
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         app()

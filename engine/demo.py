@@ -1,9 +1,6 @@
-"""The data-plane demo: synthetic epochs of well-formed events, published through Kafka.
-
-Until the co-evolution engine drives `genenv run`, the demo exercises the whole
-data plane with events shaped like a real run's (an arithmetic domain, G
-rollouts per task, one BatchScored per batch); tests and benchmarks use the
-same stream.
+"""Synthetic epochs of well-formed events, shaped like a real run's (an arithmetic domain, G rollouts
+per task, one BatchScored per batch), for the data plane's tests and the ingest benchmark: they
+exercise Kafka and the lake without the cost of models.
 """
 
 from __future__ import annotations

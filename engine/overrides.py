@@ -44,12 +44,12 @@ def apply_overrides(config, pairs: list[str]):
         name, sep, text = pair.partition("=")
         name = name.strip().replace("-", "_")
         if not sep:
-            raise OverrideError(f"--set {pair!r}: expected name=value")
+            raise OverrideError(f"{pair!r}: expected name=value")
         if name not in names:
-            raise OverrideError(f"--set {name}: no such option for {type(config).__name__} "
+            raise OverrideError(f"{name}: no such option for {type(config).__name__} "
                                 f"(options: {', '.join(sorted(names))})")
         try:
             changes[name] = coerce(text.strip(), hints[name])
         except ValueError as exc:
-            raise OverrideError(f"--set {name}={text}: {exc}") from None
+            raise OverrideError(f"{name}={text}: {exc}") from None
     return dataclasses.replace(config, **changes)

@@ -1,28 +1,56 @@
-"""Publishing what a trainer wrote: the CheckpointPublished event, then ingest until the registry holds it."""
+"""The engine's way into the lake: publish events to Kafka, then ingest until they have landed.
+
+In sync mode the engine is also the lake's ingestor, so "the epoch is in the lake" is a fact it
+can wait for: `land()` returns once every record published so far has been through bronze,
+validation and the pools.
+"""
 
 from __future__ import annotations
 
-import time
-
-from lake import CHECKPOINTS, Ingestor, Lake
-from streams import CheckpointPublished, EventProducer, ensure_topics
+from lake import Ingestor, Lake
+from streams import CheckpointPublished, Event, EventProducer, ensure_topics
 from trainers import CheckpointRecord
 
 
-def publish_checkpoint(lake: Lake, bootstrap: str, record: CheckpointRecord, run_id: str, epoch: int,
-                       timeout_s: float = 120.0) -> CheckpointPublished:
-    """Send the event and ingest until its registry row lands (this process is the lake's ingestor meanwhile)."""
-    event = CheckpointPublished(run_id=run_id, epoch=epoch, producer=f"trainer-{record.model_kind}", **record.event_fields())
-    ensure_topics(bootstrap)
-    with EventProducer(bootstrap, client_id="genenv-trainer") as producer:
-        producer.send(event)
-    ingestor = Ingestor(lake, bootstrap).start()
-    deadline = time.monotonic() + timeout_s
-    try:
-        ingestor.run(stop=lambda: ingestor.stats.rows[CHECKPOINTS] >= 1 or time.monotonic() > deadline)
-    finally:
-        ingestor.close()
-    if ingestor.stats.rows[CHECKPOINTS] < 1:
-        raise TimeoutError(f"{record.model_kind} v{record.version} was published but did not reach {CHECKPOINTS} "
-                           f"within {timeout_s:.0f}s (see `genenv lake status` for quarantined events)")
-    return event
+class LakeWriter:
+    def __init__(self, lake: Lake, bootstrap: str, client_id: str = "genenv-engine"):
+        ensure_topics(bootstrap)
+        self.lake = lake
+        self.producer = EventProducer(bootstrap, client_id=client_id)
+        self.ingestor = Ingestor(lake, bootstrap).start()
+        self.sent = 0
+        self._start = self.ingestor.stats.records  # records refined while recovering are not ours
+
+    def publish(self, events: list[Event]) -> None:
+        for event in events:
+            self.producer.send(event)
+        self.producer.flush()
+        self.sent += len(events)
+
+    def land(self) -> None:
+        """Ingest until everything published so far is in the lake."""
+        target = self._start + self.sent
+        self.ingestor.run(stop=lambda: self.ingestor.stats.records >= target)
+
+    def publish_checkpoint(self, record: CheckpointRecord, run_id: str, epoch: int) -> CheckpointPublished:
+        event = CheckpointPublished(run_id=run_id, epoch=epoch, producer=f"trainer-{record.model_kind}",
+                                    **record.event_fields())
+        self.publish([event])
+        self.land()
+        return event
+
+    def close(self) -> None:
+        self.producer.close()
+        self.ingestor.close()
+
+    def __enter__(self) -> "LakeWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def publish_checkpoint(lake: Lake, bootstrap: str, record: CheckpointRecord, run_id: str, epoch: int) -> CheckpointPublished:
+    """Publish one checkpoint's event and ingest it, so the registry holds it when this returns."""
+    with LakeWriter(lake, bootstrap, client_id="genenv-trainer") as writer:
+        return writer.publish_checkpoint(record, run_id, epoch)

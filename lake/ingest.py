@@ -272,6 +272,24 @@ class Ingestor:
             self.consumer = None
 
 
+def lag(lake: Lake, bootstrap: str, topics: tuple[str, ...] = ALL_TOPICS, timeout_ms: int = 1000) -> int:
+    """Records the cluster offers past what bronze holds (0: the lake has caught up with the log).
+
+    Counted by reading from each partition's stored offset + 1, not from ListOffsets: Tansu 0.6
+    answers "latest" with the base offset of the last record batch, not the log end."""
+    cluster = cluster_id(bootstrap)
+    consumer = assigned_consumer(bootstrap, topics, client_id="genenv-lag")
+    try:
+        for topic in topics:
+            tps = partitions_of(consumer, topic)
+            stored = stored_offsets(lake, cluster, topic, [tp.partition for tp in tps])
+            for tp in tps:
+                consumer.seek(tp, stored.get(tp.partition, -1) + 1)
+        return sum(len(messages) for messages in consumer.poll(timeout_ms=timeout_ms).values())
+    finally:
+        consumer.close()
+
+
 def ingest(lake: Lake, bootstrap: str, config: IngestConfig | None = None, idle_exit_s: float | None = None,
            stop=None, on_step=None, runner=None) -> IngestStats:
     """Run an ingestor until idle (or stopped) and return what it wrote."""

@@ -20,7 +20,7 @@ from lake import (
     versions,
 )
 from lake.tables import SCHEMAS, bronze
-from streams import ALL_TOPICS, EventProducer, LocalBroker, RewardScored, RolloutCompleted, TaskGenerated
+from streams import ALL_TOPICS, EventProducer, LocalBroker, RewardScored
 
 from conftest import ROOT
 

@@ -1,7 +1,7 @@
 """Models, generation with logprobs, GRPO for the agent, RWR for the simulator, checkpoints with lineage."""
 
 from .checkpoints import (
-    KINDS, CheckpointError, CheckpointRecord, latest_version, load_checkpoint, manifest, registered, registry,
+    KINDS, CheckpointError, CheckpointRecord, latest_version, load_checkpoint, load_verified, manifest, registered, registry,
 )
 from .generation import Generation, SamplingConfig, TransformersBackend, VLLMBackend, render_prompt, sequence_logprobs, vllm_available
 from .grpo import GRPOConfig, GRPOTrainer
@@ -14,6 +14,6 @@ __all__ = [
     "BUILTINS", "KINDS", "POOL_OF", "CheckpointError", "CheckpointRecord", "GRPOConfig", "GRPOLossConfig", "GRPOTrainer",
     "Generation", "LoadedModel", "ModelNotFound", "RWRConfig", "RWRTrainer", "SamplingConfig", "TrainError",
     "TransformersBackend", "VLLMBackend", "default_config", "group_advantages", "grpo_loss", "latest_version",
-    "load_checkpoint", "load_model", "manifest", "registered", "registry", "render_prompt", "rwr_loss", "rwr_weights",
+    "load_checkpoint", "load_model", "load_verified", "manifest", "registered", "registry", "render_prompt", "rwr_loss", "rwr_weights",
     "sequence_logprobs", "train_update", "vllm_available",
 ]

@@ -129,12 +129,16 @@ def load_checkpoint(lake: Lake, kind: str, version: int, base_model: str | None 
             raise CheckpointError(f"{kind} version 0 is the base model, and none was named")
         return load_model(base_model)
     row = registered(lake, kind, version)
-    folder = Path(row["path"])
-    weights = folder / WEIGHTS
+    return load_verified(row["path"], row["sha256"], f"{kind} checkpoint version {version}")
+
+
+def load_verified(path: str, sha256: str, what: str = "checkpoint") -> LoadedModel:
+    """Load a checkpoint folder after checking its weights against `sha256` (as a CheckpointPublished event carries it)."""
+    weights = Path(path) / WEIGHTS
     if not weights.is_file():
-        raise CheckpointError(f"{kind} checkpoint version {version}: {weights} is missing")
+        raise CheckpointError(f"{what}: {weights} is missing")
     actual = file_sha256(weights)
-    if actual != row["sha256"]:
-        raise CheckpointError(f"{kind} checkpoint version {version}: {weights} has sha256 {actual[:12]}..., "
-                              f"the registry records {row['sha256'][:12]}... (corrupt or replaced)")
-    return load_model(str(folder))
+    if actual != sha256:
+        raise CheckpointError(f"{what}: {weights} has sha256 {actual[:12]}..., "
+                              f"the registry records {sha256[:12]}... (corrupt or replaced)")
+    return load_model(str(path))

@@ -46,7 +46,8 @@ class TransformersBackend:
         self.batch_size = batch_size
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], sampling: SamplingConfig | None = None) -> list[Generation]:
+    def generate(self, prompts: list[str], sampling: SamplingConfig | None = None, progress=None) -> list[Generation]:
+        """progress(done, total), if given, is called after every batch with the prompts done so far."""
         sampling = sampling or SamplingConfig()
         out: list[Generation] = []
         generator_state = torch.random.get_rng_state()
@@ -54,6 +55,8 @@ class TransformersBackend:
         try:
             for start in range(0, len(prompts), self.batch_size):
                 out.extend(self._generate_batch(prompts[start:start + self.batch_size], sampling))
+                if progress:
+                    progress(len(out), len(prompts))
         finally:
             torch.random.set_rng_state(generator_state)
         return out
@@ -120,7 +123,7 @@ class VLLMBackend:
         self.llm = LLM(model=model_path, tensor_parallel_size=tensor_parallel_size)
         self.tokenizer = self.llm.get_tokenizer()
 
-    def generate(self, prompts: list[str], sampling: SamplingConfig | None = None) -> list[Generation]:
+    def generate(self, prompts: list[str], sampling: SamplingConfig | None = None, progress=None) -> list[Generation]:
         from vllm import SamplingParams
 
         sampling = sampling or SamplingConfig()

@@ -5,6 +5,9 @@ over the rows kept, plus a KL penalty to the initial simulator so that it keeps 
 the domain can parse. Rows outside the curriculum band (`filtered`) and generations that did not
 parse (`valid` false) are left out. TRL has no per-sample-weighted SFT, so this loop is ours;
 the loss is trainers/losses.py's rwr_loss.
+
+The trainer reads rows of (prompt, text, env_reward). With equal rewards and kl_coef 0 it is plain
+supervised fine-tuning, which is how the seed warm-start trains both models (trainers/update.py).
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ class MicroBatch:
 
 
 def select_rows(rows: pl.DataFrame) -> tuple[pl.DataFrame, Counter]:
+    """d_env rows the simulator is trained on, as (prompt, text, env_reward); the others counted by why."""
     dropped = Counter({"filtered": int(rows["filtered"].sum()), "invalid": int((~rows["valid"] & ~rows["filtered"]).sum())})
     kept = rows.filter(pl.col("valid") & ~pl.col("filtered")).sort(["batch_id", "task_id"])
-    return kept, +dropped
+    return kept.select(pl.col("sim_prompt").alias("prompt"), pl.col("raw_generation").alias("text"), "env_reward"), +dropped
 
 
 class RWRTrainer:
@@ -58,9 +62,9 @@ class RWRTrainer:
     def micro_batches(self, rows: pl.DataFrame) -> list[MicroBatch]:
         cfg, tok = self.config, self.tokenizer
         weights = rwr_weights(torch.tensor(rows["env_reward"].to_list()), cfg.weight_temperature) * rows.height
-        prompts = tok(rows["sim_prompt"].to_list(), add_special_tokens=False)["input_ids"]
-        # The generation is trained on up to and including end-of-sequence, so the simulator learns where to stop.
-        generations = [ids + [tok.eos_token_id] for ids in tok(rows["raw_generation"].to_list(), add_special_tokens=False)["input_ids"]]
+        prompts = tok(rows["prompt"].to_list(), add_special_tokens=False)["input_ids"]
+        # The text is trained on up to and including end-of-sequence, so the model learns where to stop.
+        generations = [ids + [tok.eos_token_id] for ids in tok(rows["text"].to_list(), add_special_tokens=False)["input_ids"]]
         order = torch.randperm(rows.height, generator=torch.Generator().manual_seed(cfg.seed)).tolist()
         batches = []
         for indices in chunk(order, cfg.per_device_train_batch_size):

@@ -29,6 +29,7 @@ from .loop import Progress, merged
 from .models import load_model
 
 POOL_OF = {"agent": "d_train", "env": "d_env"}
+SEED_VERSION = "seed"  # the model version stamped on seed tasks and reference answers (the warm-start data)
 ROW_KEY = {"d_train": "rollout_id", "d_env": "task_id"}
 
 
@@ -49,8 +50,21 @@ def new_rows(lake: Lake, pool: str, version: int, seen_version: int | None) -> p
     return rows.join(seen, on=ROW_KEY[pool], how="anti")
 
 
+def warm_start_rows(kind: str, rows: pl.DataFrame) -> pl.DataFrame:
+    """The seed rows of a pool (version "seed") as (prompt, text, env_reward): reference answers or seed task texts."""
+    if kind == "agent":
+        rows = rows.filter(pl.col("agent_model_version") == SEED_VERSION).sort("rollout_id")
+        return rows.select(pl.col("prompt"), pl.col("completion").alias("text"), pl.lit(1.0).alias("env_reward"))
+    rows = rows.filter(pl.col("env_model_version") == SEED_VERSION).sort("task_id")
+    return rows.select(pl.col("sim_prompt").alias("prompt"), pl.col("raw_generation").alias("text"), pl.lit(1.0).alias("env_reward"))
+
+
 def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None = None, pool_version: int | None = None,
-                 parent_version: int | None = None, progress: Progress | None = None) -> CheckpointRecord:
+                 parent_version: int | None = None, run_id: str | None = None, warm_start: bool = False,
+                 progress: Progress | None = None) -> CheckpointRecord:
+    """One update (see the module's docstring). warm_start: supervised fine-tuning on the pool's seed rows
+    (the version "seed"), with an RWRConfig whose rewards are all equal, instead of GRPO / RWR.
+    run_id: train on that run's rows only (the engine's runs share a lake)."""
     if kind not in KINDS:
         raise TrainError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
     config = config or default_config(kind)
@@ -77,7 +91,14 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
         raise TrainError(f"no {kind} checkpoint is registered yet: name the base model to start from")
 
     rows = new_rows(lake, pool, pool_version, seen_version)
-    if kind == "agent":
+    if run_id is not None:
+        rows = rows.filter(pl.col("run_id") == run_id)
+    expected = rwr.RWRConfig if warm_start or kind == "env" else grpo.GRPOConfig
+    if not isinstance(config, expected):
+        raise TrainError(f"{'a warm start' if warm_start else kind} training takes a {expected.__name__}")
+    if warm_start:
+        selected, dropped = warm_start_rows(kind, rows), {}
+    elif kind == "agent":
         selected, dropped = grpo.select_rows(rows, parent, config)
     else:
         selected, dropped = rwr.select_rows(rows)
@@ -88,15 +109,16 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
 
     loaded = load_checkpoint(lake, kind, parent, base_model)
     ref = None
-    if (kind == "agent" and config.beta) or (kind == "env" and config.kl_coef):
+    if getattr(config, "beta", 0) or getattr(config, "kl_coef", 0):
         ref = load_model(base_model).model.eval()  # the initial model: version 0 of the lineage
     torch.manual_seed(config.seed)
-    if kind == "agent":
+    if isinstance(config, grpo.GRPOConfig):
         trainer = grpo.GRPOTrainer(loaded.model, loaded.tokenizer, config, ref)
     else:
         trainer = rwr.RWRTrainer(loaded.model, loaded.tokenizer, config, ref)
     metrics = trainer.train(selected, progress)
     metrics["rows_left_out"] = dict(dropped)
+    metrics["warm_start"] = warm_start
 
     version = max(parent, latest_version(lake, kind)) + 1
     target = checkpoint_dir(lake, kind, version)

@@ -1,0 +1,178 @@
+"""The run's configuration: one dataclass tree, a TOML file, profiles, and `--set name=value` overrides.
+
+    [run] keys at the top level (domain, mode, epochs, ...), then tables
+    [curriculum]  alpha, beta, k, granularity, weight_temperature
+    [agent]       GRPO options with TRL's names (learning_rate, beta, epsilon, loss_type, ...)
+    [env]         RWR options (learning_rate, weight_temperature, kl_coef, ...)
+
+Precedence: defaults < profile < config file < --set. Every value is checked before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from trainers import GRPOConfig, RWRConfig
+
+from .curriculum import CurriculumConfig
+from .domains import DOMAINS
+from .overrides import OverrideError, apply_overrides
+
+MODES = ("genenv", "genenv-random", "genenv-static", "seeds-only")
+
+
+@dataclass
+class RunConfig:
+    domain: str = "toolcall"  # the domain where a measured CPU run shows learning (README)
+    mode: Literal["genenv", "genenv-random", "genenv-static", "seeds-only"] = "genenv"
+    epochs: int = 4
+    tasks_per_epoch: int = 8  # simulator generations per epoch
+    batch_size: int = 4  # tasks per curriculum batch (granularity "batch")
+    group_size: int = 4  # rollouts per task (G)
+    agent_model: str = "smollm2-135m"
+    env_model: str = "smollm2-135m"
+    seed: int = 0
+    run_id: str = ""  # default: <domain>-<mode>-s<seed>-<time>
+    temperature: float = 0.8  # sampling temperature of rollouts and task generations
+    agent_max_new_tokens: int = 24
+    env_max_new_tokens: int = 40
+    generation_batch_size: int = 32
+    validation_size: int = 24  # held-out tasks scored greedily after every epoch
+    warm_start: bool = True  # SFT both models on seed tasks before epoch 0 (DESIGN.md section 6)
+    # On 2 CPU cores a 135M model trains at ~100 tokens/s: 24 seeds x 2 passes is about 80 s per model.
+    warm_start_tasks: int = 24
+    warm_start_epochs: int = 2
+    warm_start_learning_rate: float = 1e-4
+    backend: Literal["transformers", "vllm"] = "transformers"
+    # Task granularity: with 8 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
+    # G = 4 a task's p_hat is a multiple of 0.25, so k = 0.25 keeps the tasks solved sometimes but not always.
+    curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(granularity="task", k=0.25))
+    # One optimiser step per epoch over all its rollouts (8 x 4 micro-batches): a 135M model's GRPO gradient is noisy.
+    agent: GRPOConfig = field(default_factory=lambda: GRPOConfig(learning_rate=1e-5, per_device_train_batch_size=8,
+                                                                gradient_accumulation_steps=4, temperature=0.8))
+    env: RWRConfig = field(default_factory=lambda: RWRConfig(learning_rate=1e-5, per_device_train_batch_size=8))
+
+    def check(self) -> None:
+        """Raise ValueError naming the first bad value."""
+        if self.domain not in DOMAINS:
+            raise ValueError(f"domain must be one of {', '.join(DOMAINS)}, got {self.domain!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for name in ("epochs", "tasks_per_epoch", "batch_size", "group_size", "agent_max_new_tokens",
+                     "env_max_new_tokens", "generation_batch_size", "validation_size", "warm_start_tasks",
+                     "warm_start_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (GRPO compares rollouts within a group), got {self.group_size}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.backend not in ("transformers", "vllm"):
+            raise ValueError(f"backend must be transformers or vllm, got {self.backend!r}")
+        for section in ("curriculum", "agent", "env"):
+            try:
+                getattr(self, section).check()
+            except ValueError as exc:
+                raise ValueError(f"[{section}] {exc}") from None
+        if self.agent.temperature != self.temperature:
+            raise ValueError("agent.temperature must equal temperature (the logprobs are recorded at the sampling temperature)")
+
+
+PROFILES: dict[str, dict] = {
+    # tiny models, 2 epochs: the whole loop in about a minute on a laptop CPU (tests use it). A random tiny
+    # model needs ~150 passes over 16 seeds before it writes parseable tasks.
+    "quick": {"domain": "arith", "agent_model": "tiny", "env_model": "tiny", "epochs": 2, "tasks_per_epoch": 4, "batch_size": 2,
+              "group_size": 4, "agent_max_new_tokens": 8, "env_max_new_tokens": 24, "validation_size": 6,
+              "warm_start_tasks": 16, "warm_start_epochs": 150, "warm_start_learning_rate": 5e-3,
+              "agent.learning_rate": 1e-3, "env.learning_rate": 1e-3},
+    # smollm2-135m on CPU: the embedded default
+    "default": {},  # see RunConfig's defaults
+    # the paper's settings (Qwen2.5-7B-Instruct, batch 64, 8 rollouts, vLLM) for GPU machines
+    "paper": {"agent_model": "Qwen/Qwen2.5-7B-Instruct", "env_model": "Qwen/Qwen2.5-7B-Instruct", "epochs": 10,
+              "tasks_per_epoch": 64, "batch_size": 64, "group_size": 8, "agent_max_new_tokens": 512,
+              "env_max_new_tokens": 512, "validation_size": 200, "warm_start": False, "backend": "vllm",
+              "temperature": 1.0, "curriculum.granularity": "batch", "curriculum.k": 0.1,
+              "generation_batch_size": 256, "agent.learning_rate": 1e-6, "env.learning_rate": 1e-6,
+              "agent.per_device_train_batch_size": 8, "agent.gradient_accumulation_steps": 8},
+}
+
+
+def _flatten(table: dict, prefix: str = "") -> list[str]:
+    pairs = []
+    for key, value in table.items():
+        if isinstance(value, dict):
+            pairs += _flatten(value, f"{prefix}{key}.")
+        else:
+            text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+            pairs.append(f"{prefix}{key}={text}")
+    return pairs
+
+
+def override(config: RunConfig, pairs: list[str]) -> RunConfig:
+    """Apply `name=value` or `section.name=value` pairs."""
+    top, sections = [], {"curriculum": [], "agent": [], "env": []}
+    for pair in pairs:
+        name = pair.partition("=")[0].strip()
+        section, dot, _ = name.partition(".")
+        if dot and section in sections:
+            sections[section].append(pair.split(".", 1)[1])
+        elif dot:
+            raise OverrideError(f"{name}: no section {section!r} (sections: {', '.join(sections)})")
+        else:
+            top.append(pair)
+    config = apply_overrides(config, top)
+    changes = {}
+    for section, section_pairs in sections.items():
+        if section_pairs:
+            try:
+                changes[section] = apply_overrides(getattr(config, section), section_pairs)
+            except OverrideError as exc:
+                raise OverrideError(f"{section}.{exc}") from None
+    if "temperature" in {p.partition("=")[0].strip() for p in top}:  # the agent's logprob temperature follows
+        changes["agent"] = dataclasses.replace(changes.get("agent", config.agent), temperature=config.temperature)
+    return dataclasses.replace(config, **changes)
+
+
+def load_config(profile: str = "default", path: Path | None = None, sets: list[str] = ()) -> RunConfig:
+    """Defaults < profile < file < sets; raises ValueError (one line) on anything unknown or out of range."""
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    config = override(RunConfig(), [f"{k}={v}" for k, v in PROFILES[profile].items()])
+    if path is not None:
+        if not path.is_file():
+            raise ValueError(f"config file {path} does not exist")
+        try:
+            table = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+        config = override(config, _flatten(table))
+    config = override(config, list(sets))
+    config.check()
+    return config
+
+
+def to_toml(config: RunConfig) -> str:
+    """The full configuration as TOML (written into the report folder, and a template for users)."""
+    def value(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, tuple):
+            return "[" + ", ".join(f'"{x}"' for x in v) + "]"
+        if v is None:
+            return '"none"'
+        return f'"{v}"'
+
+    lines, tables = [], []
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        if dataclasses.is_dataclass(v):
+            tables.append(f"\n[{f.name}]\n" + "\n".join(f"{g.name} = {value(getattr(v, g.name))}" for g in dataclasses.fields(v)))
+        else:
+            lines.append(f"{f.name} = {value(v)}")
+    return "\n".join(lines) + "\n" + "\n".join(tables) + "\n"

@@ -1,0 +1,281 @@
+"""toolcall: function calling in the style of BFCL and API-Bank.
+
+The domain fixes candidate calls (function and argument values, tools offered) at three levels
+of difficulty; the simulator picks one and writes the user's request for it, and the parser finds
+the candidate whose every value the request carries (and refuses a request that spells out a call).
+Which candidate the simulator picks is how it sets the difficulty. The agent answers with a
+Python-style call, `name(arg='value', ...)` (one per line for parallel requests), which the
+checker reads with `ast` (never eval: argument values go through ast.literal_eval, function names
+must be plain dotted names) and scores with BFCL's AST rules: the function name, every required
+parameter present, no unknown parameter, each value of the schema's type, strings compared after
+lower-casing and stripping spaces and punctuation, an optional parameter the reference leaves out
+accepted only at its default. Parallel calls match in any order.
+
+Difficulty: tools offered, arguments, optional arguments, distractor tools, parallel calls.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+import string
+
+from .base import Invalid, SimulatorRequest, Task, Verdict, example_summary
+
+CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver", "Hanoi", "Quito", "Perth", "Dakar", "Bergen", "Leeds",
+          "Austin", "Porto", "Seville", "Kyoto", "Nairobi", "Tunis", "Malmo", "Geneva", "Krakow", "Valencia"]
+HELD_OUT_CITIES = ["Ottawa", "Lisbon", "Havana", "Zagreb", "Muscat", "Tallinn", "Santiago", "Accra"]
+NAMES = ["alice", "bob", "carol", "dmitri", "erin", "farah", "gus", "hana"]
+CURRENCIES = ["USD", "EUR", "JPY", "GBP", "CHF", "INR"]
+
+
+def _tool(name: str, description: str, properties: dict, required: list[str]) -> dict:
+    return {"name": name, "description": description,
+            "parameters": {"type": "dict", "properties": properties, "required": required}}
+
+
+TOOLS = {
+    "get_weather": _tool("get_weather", "Current weather for a city.", {
+        "city": {"type": "string", "description": "City name"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"}}, ["city"]),
+    "convert_currency": _tool("convert_currency", "Convert an amount between currencies.", {
+        "amount": {"type": "number"}, "from_currency": {"type": "string"}, "to_currency": {"type": "string"}},
+        ["amount", "from_currency", "to_currency"]),
+    "book_table": _tool("book_table", "Book a restaurant table.", {
+        "city": {"type": "string"}, "people": {"type": "integer"},
+        "time": {"type": "string", "description": "HH:MM", "default": "19:00"}}, ["city", "people"]),
+    "send_message": _tool("send_message", "Send a short message to a contact.", {
+        "to": {"type": "string"}, "text": {"type": "string"}}, ["to", "text"]),
+    "get_time": _tool("get_time", "Local time in a city.", {"city": {"type": "string"}}, ["city"]),
+}
+REQUEST_TEMPLATES = {
+    "get_weather": ("What is the weather in {city}?", "How warm is it in {city} right now, in {unit}?"),
+    "convert_currency": ("Convert {amount} {from_currency} to {to_currency}.",),
+    "book_table": ("Book a table for {people} in {city}.", "Reserve a table in {city} for {people} people at {time}."),
+    "send_message": ("Send {to} the message: {text}",),
+    "get_time": ("What time is it in {city}?",),
+}
+CHOICES = 3  # candidate tasks the simulator picks from
+TEXTS = ["running late", "see you soon", "call me back", "meeting moved"]
+PUNCTUATION = str.maketrans("", "", string.punctuation + " ")
+
+
+def normalise(value: str) -> str:
+    return value.lower().translate(PUNCTUATION)
+
+
+def sample_call(rng: random.Random, name: str, optional: bool, cities: list[str]) -> dict:
+    args: dict = {}
+    if name in ("get_weather", "get_time", "book_table"):
+        args["city"] = rng.choice(cities)
+    if name == "get_weather" and optional:
+        args["unit"] = rng.choice(["celsius", "fahrenheit"])
+    if name == "convert_currency":
+        a, b = rng.sample(CURRENCIES, 2)
+        args.update(amount=rng.choice([5, 20, 75, 120, 300]), from_currency=a, to_currency=b)
+    if name == "book_table":
+        args["people"] = rng.randint(2, 8)
+        if optional:
+            args["time"] = rng.choice(["18:30", "20:00", "21:15"])
+    if name == "send_message":
+        args.update(to=rng.choice(NAMES), text=rng.choice(TEXTS))
+    return {"name": name, "arguments": args}
+
+
+def format_call(call: dict) -> str:
+    return f"{call['name']}(" + ", ".join(f"{k}={v!r}" for k, v in call["arguments"].items()) + ")"
+
+
+def parse_calls(answer: str) -> list[tuple[str, dict]] | str:
+    """The calls in an answer as (dotted name, literal arguments), or the reason they cannot be read."""
+    text = answer.strip().strip("`").strip()
+    text = re.sub(r"^(python|json)\s*\n", "", text)
+    candidates = [text] + [line.strip() for line in text.splitlines() if line.strip()]
+    nodes = []
+    try:
+        tree = ast.parse(text, mode="eval").body
+        nodes = list(tree.elts) if isinstance(tree, (ast.List, ast.Tuple)) else [tree]
+    except SyntaxError:
+        try:
+            nodes = [ast.parse(line, mode="eval").body for line in candidates[1:]]
+        except SyntaxError:
+            return "not a call: the answer does not parse as Python call syntax"
+    calls = []
+    for node in nodes:
+        if not isinstance(node, ast.Call):
+            return "not a call"
+        name = _dotted(node.func)
+        if name is None:
+            return "not a plain function name"
+        if node.args:
+            return f"{name}: positional arguments are not allowed"
+        args = {}
+        for keyword in node.keywords:
+            if keyword.arg is None:
+                return f"{name}: **kwargs are not allowed"
+            try:
+                args[keyword.arg] = ast.literal_eval(keyword.value)  # literals only: nothing is executed
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return f"{name}({keyword.arg}=...): not a literal value"
+        calls.append((name, args))
+    return calls
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return f"{head}.{node.attr}" if head else None
+    return None
+
+
+TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,)}
+
+
+def match_call(tool: dict, expected: dict, name: str, args: dict) -> str | None:
+    """BFCL's AST rules for one call; None when it matches, else the first rule it breaks."""
+    if name != expected["name"]:
+        return f"function {name}, expected {expected['name']}"
+    properties = tool["parameters"]["properties"]
+    for param in tool["parameters"]["required"]:
+        if param not in args:
+            return f"{name}: missing required parameter {param}"
+    for param, value in args.items():
+        if param not in properties:
+            return f"{name}: unknown parameter {param}"
+        kind = properties[param]["type"]
+        if not isinstance(value, TYPES[kind]) or (kind != "boolean" and isinstance(value, bool)):
+            return f"{name}({param}): {type(value).__name__} is not {kind}"
+        want = expected["arguments"].get(param, properties[param].get("default"))
+        same = normalise(value) == normalise(want) if isinstance(want, str) and isinstance(value, str) else value == want
+        if not same:
+            return f"{name}({param}={value!r}): expected {want!r}"
+    for param in expected["arguments"]:
+        if param not in args and expected["arguments"][param] != properties[param].get("default"):
+            return f"{name}: missing parameter {param}"
+    return None
+
+
+def signature(tool: dict) -> str:
+    """get_weather(city: string, unit: string = 'celsius')"""
+    params = tool["parameters"]
+    parts = []
+    for name, spec in params["properties"].items():
+        default = "" if name in params["required"] else f" = {spec.get('default')!r}"
+        parts.append(f"{name}: {spec['type']}{default}")
+    return f"{tool['name']}({', '.join(parts)})"
+
+
+def template_text(rng: random.Random, spec: dict) -> str:
+    """A plain request for a spec from the templates, carrying every value the calls need."""
+    texts = []
+    for call in spec["calls"]:
+        texts.append(rng.choice(REQUEST_TEMPLATES[call["name"]]).format(**{"unit": "celsius", "time": "19:00", **call["arguments"]}))
+    text = " ".join(t if t[-1] in ".?!" else t + "." for t in texts)
+    missing = [f"{k} {v}" for c in spec["calls"] for k, v in c["arguments"].items() if str(v).lower() not in text.lower()]
+    return f"{text.rstrip('.?')} ({', '.join(missing)})." if missing else text
+
+
+class ToolCall:
+    name = "toolcall"
+    agent_system = "You call tools. Reply with the function call only, for example get_time(city='Rome')."
+    difficulty_feature = "level"
+
+    def _spec(self, rng: random.Random, cities: list[str], level: int | None = None) -> dict:
+        level = rng.randint(0, 4) if level is None else level
+        parallel = 2 if level >= 4 else 1
+        names = rng.sample(sorted(TOOLS), parallel)
+        calls = [sample_call(rng, n, optional=level >= 1 and rng.random() < 0.7, cities=cities) for n in names]
+        distractors = rng.sample([n for n in sorted(TOOLS) if n not in names], min(level, 3) if level >= 2 else 0)
+        offered = sorted(names + distractors)
+        return {"level": level, "calls": calls, "offered": offered}
+
+    def simulator_request(self, rng: random.Random, performance: str, choices: int = CHOICES) -> SimulatorRequest:
+        """The simulator picks one of `choices` calls of different levels and writes the request for it:
+        which one it picks is how it sets the difficulty (and what RWR shapes)."""
+        cities = rng.sample(CITIES, len(CITIES))  # distinct cities across the candidates, so the text tells them apart
+        levels = sorted(rng.sample(range(5), choices))
+        candidates = [self._spec(rng, cities[i * 4:(i + 1) * 4], level) for i, level in enumerate(levels)]
+        menu = " ".join(f"({chr(97 + i)}) level {c['level']}: " + "; ".join(format_call(x) for x in c["calls"])
+                        for i, c in enumerate(candidates))
+        prompt = (f"Pick a task and write the user's message for it, with every value, no code. {menu}. "
+                  f"Assistant's results: {performance}.")
+        return SimulatorRequest(prompt, {"candidates": candidates})
+
+    def parse(self, generation: str, context: dict) -> Task | Invalid:
+        """The candidate whose every value the request carries (the most specific one if several do)."""
+        text = generation.strip().split("\n")[0].strip()
+        if not 8 <= len(text) <= 300:
+            return Invalid(f"length: the request has {len(text)} characters, expected 8 to 300")
+        lowered = text.lower()
+        best, best_missing = None, None
+        for spec in context["candidates"]:
+            for call in spec["calls"]:
+                if f"{call['name']}(" in lowered:
+                    return Invalid(f"leaks_call: the request spells out {call['name']}(...)")
+            values = [(param, value) for call in spec["calls"] for param, value in call["arguments"].items()]
+            missing = [(p, v) for p, v in values if str(v).lower() not in lowered]
+            if not missing and (best is None or len(values) > sum(len(c["arguments"]) for c in best["calls"])):
+                best = spec
+            if missing and (best_missing is None or len(missing) < len(best_missing)):
+                best_missing = missing
+        if best is None:
+            param, value = best_missing[0]
+            return Invalid(f"missing_value: no task's values all appear ({param}={value!r} is missing)")
+        return self._task(text, best)
+
+    def _task(self, text: str, spec: dict) -> Task:
+        calls = spec["calls"]
+        difficulty = {
+            "level": spec["level"], "tools_offered": len(spec["offered"]),
+            "arguments": sum(len(c["arguments"]) for c in calls),
+            "optional_arguments": sum(p not in TOOLS[c["name"]]["parameters"]["required"] for c in calls for p in c["arguments"]),
+            "distractors": len(spec["offered"]) - len(calls), "parallel_calls": len(calls),
+        }
+        return Task(prompt=text, reference=calls, difficulty=difficulty, tools=[TOOLS[n] for n in spec["offered"]])
+
+    def seeds(self, rng: random.Random, n: int) -> list[tuple[SimulatorRequest, str, Task]]:
+        out = []
+        for i in range(n):
+            request = self.simulator_request(rng, example_summary(rng, self.difficulty_feature, [0, 1, 2, 3, 4]))
+            text = template_text(rng, rng.choice(request.context["candidates"]))  # the seeds pick at random
+            out.append((request, text, self.parse(text, request.context)))
+        return out
+
+    def reference_answer(self, task: Task) -> str:
+        return "\n".join(format_call(c) for c in task.reference)
+
+    def agent_prompt(self, task: Task) -> str:
+        # Tools as typed signatures, not JSON schemas: a fifth of the tokens, and on a CPU the prompt's
+        # length is most of the cost of a training step.
+        tools = "\n".join(signature(t) for t in task.tools)
+        what = "the function calls only, one per line," if len(task.reference) > 1 else "the function call only,"
+        return f"Tools:\n{tools}\nRequest: {task.prompt}\nReply with {what} like name(arg='value')."
+
+    def check(self, task: Task, answer: str) -> Verdict:
+        calls = parse_calls(answer)
+        if isinstance(calls, str):
+            return Verdict(0.0, False, calls)
+        expected = list(task.reference)
+        if len(calls) != len(expected):
+            return Verdict(0.0, False, f"{len(calls)} calls, expected {len(expected)}")
+        tools = {t["name"]: t for t in task.tools}
+        remaining = list(expected)
+        for name, args in calls:
+            if name not in tools:
+                return Verdict(0.0, False, f"function {name} is not offered")
+            failures = [match_call(tools[name], want, name, args) for want in remaining]
+            if None not in failures:
+                return Verdict(0.0, False, failures[0])
+            remaining.pop(failures.index(None))
+        return Verdict(1.0, True, "all calls match")
+
+    def validation_set(self, n: int) -> list[Task]:
+        rng = random.Random(0x7001)
+        tasks = []
+        for i in range(n):
+            spec = self._spec(rng, HELD_OUT_CITIES, level=i % 5)
+            tasks.append(self._task(template_text(rng, spec), spec))
+        return tasks

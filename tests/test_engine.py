@@ -1,0 +1,202 @@
+"""The co-evolution engine: the curriculum on hand-computed cases, the checkers against malicious answers,
+the run configuration, and a quick run end to end through the real broker and lake."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from engine.config import load_config
+from engine.curriculum import CurriculumConfig, env_reward, in_band, score_groups
+from engine.domains import Task, get_domain
+from lake import CHECKPOINTS, Lake, read_pool, read_table, silver
+
+from conftest import genenv_cli
+
+# -- the alpha-curriculum ----------------------------------------------------------------------------
+
+
+def test_env_reward_peaks_at_alpha_and_falls_off_with_beta():
+    config = CurriculumConfig(alpha=0.5, beta=10.0, k=0.1)
+    assert env_reward(0.5, config) == 1.0
+    assert env_reward(0.3, config) == pytest.approx(math.exp(-0.4))
+    assert env_reward(0.0, config) == pytest.approx(math.exp(-2.5)) == pytest.approx(env_reward(1.0, config))
+    assert in_band(0.4, config) and in_band(0.6, config) and not in_band(0.35, config)
+
+
+def test_batch_and_task_granularity_on_hand_computed_groups():
+    successes = {"a": [True, True, False, False], "b": [True, True, True, True], "c": []}  # c: an invalid task
+    (batch,) = score_groups("b0", successes, CurriculumConfig(granularity="batch", beta=10, weight_temperature=0.5))
+    assert (batch.p_hat, batch.n_rollouts, batch.n_success, batch.task_ids) == (0.75, 8, 6, ["a", "b"])
+    assert batch.env_reward == pytest.approx(math.exp(-10 * 0.25**2)) and batch.filtered
+    assert batch.weight == pytest.approx(math.exp(batch.env_reward / 0.5))
+    a, b = score_groups("b0", successes, CurriculumConfig(granularity="task"))
+    assert (a.batch_id, a.p_hat, a.env_reward, a.filtered) == ("b0:a", 0.5, 1.0, False)
+    assert (b.batch_id, b.p_hat, b.filtered) == ("b0:b", 1.0, True)
+
+
+# -- the checkers --------------------------------------------------------------------------------------
+
+MALICIOUS = [
+    "__import__('os').system('touch {marker}')",
+    "f\"{{__import__('os').system('touch {marker}')}}\"",
+    "get_weather(city=__import__('os').system('touch {marker}'))",
+    "get_weather(city=f\"{{__import__('os').system('touch {marker}')}}\")",
+    "exec(\"open('{marker}', 'w')\")",
+]
+
+
+@pytest.mark.parametrize("name", ["arith", "toolcall", "qa"])
+def test_checkers_score_right_wrong_and_malicious_answers(name, tmp_path):
+    domain = get_domain(name)
+    tasks = domain.validation_set(5)
+    for task in tasks:
+        assert domain.check(task, domain.reference_answer(task)).success
+    wrong = {"arith": lambda t: str(t.reference + 1),
+             "toolcall": lambda t: domain.reference_answer(t).replace("(", "_x(", 1),
+             "qa": lambda t: "I do not know"}[name]
+    assert not any(domain.check(t, wrong(t)).success for t in tasks)
+    marker = tmp_path / "pwned"
+    for payload in MALICIOUS:
+        verdict = domain.check(tasks[0], payload.format(marker=marker))
+        assert verdict.reward < 0.5 and not verdict.success, (payload, verdict)
+    assert not marker.exists(), "a generated answer was executed"
+
+
+def test_toolcall_applies_bfcl_rules():
+    domain = get_domain("toolcall")
+    tools = {"get_weather": __import__("engine.domains.toolcall", fromlist=["TOOLS"]).TOOLS["get_weather"]}
+    task = Task("weather in Oslo in fahrenheit", [{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "fahrenheit"}}],
+                tools=list(tools.values()))
+    assert domain.check(task, "get_weather(city='oslo!', unit='Fahrenheit')").success  # case and punctuation
+    assert "missing required parameter city" in domain.check(task, "get_weather(unit='fahrenheit')").detail
+    assert "unknown parameter country" in domain.check(task, "get_weather(city='Oslo', unit='fahrenheit', country='NO')").detail
+    assert "is not string" in domain.check(task, "get_weather(city=3, unit='fahrenheit')").detail
+    assert not domain.check(task, "get_weather(city='Oslo')").success  # the reference asks for fahrenheit
+    default = Task("weather in Oslo", [{"name": "get_weather", "arguments": {"city": "Oslo"}}], tools=list(tools.values()))
+    assert domain.check(default, "get_weather(city='Oslo', unit='celsius')").success  # an optional at its default
+
+
+def test_parsers_record_why_a_generation_is_not_a_task():
+    arith, toolcall, qa = get_domain("arith"), get_domain("toolcall"), get_domain("qa")
+    assert arith.parse("What is 12 plus 30?", {}).reference == 42
+    assert arith.parse("Subtract 4 from 10. What is left?", {}).reference == 6
+    assert arith.parse("What is 3 plus?", {}).reason.startswith("numbers:")
+    assert arith.parse("Tell me about 3 and 4.", {}).reason.startswith("operation:")
+    request = toolcall.simulator_request(__import__("random").Random(0), "none")
+    easy, *_, hard = request.context["candidates"]
+    assert toolcall.parse("please help me with something", request.context).reason.startswith("missing_value")
+    call = easy["calls"][0]
+    assert toolcall.parse(f"{call['name']}(x) please", request.context).reason.startswith("leaks_call")
+    values = " ".join(str(v) for c in hard["calls"] for v in c["arguments"].values())
+    assert toolcall.parse(f"Please do this: {values}", request.context).difficulty["level"] == hard["level"]
+    context = {"subject": "France", "relation": "capital", "answer": "Paris", "tier": 0}
+    assert qa.parse("Is Paris the capital of France?", context).reason.startswith("leaks_answer")
+    assert qa.parse("What is the capital city of Spain?", context).reason.startswith("missing_subject")
+
+
+# -- configuration -------------------------------------------------------------------------------------
+
+
+def test_config_layers_and_one_line_errors(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('domain = "qa"\nepochs = 3\n[agent]\nbeta = 0.04\n[curriculum]\nk = 0.2\n')
+    config = load_config("quick", path, ["epochs=5", "agent.loss_type=dr_grpo"])
+    assert (config.domain, config.epochs, config.agent_model, config.agent.beta, config.agent.loss_type,
+            config.curriculum.k) == ("qa", 5, "tiny", 0.04, "dr_grpo", 0.2)
+    for sets, message in [(["epochs=0"], "epochs must be >= 1"), (["domain=chess"], "domain must be one of"),
+                          (["agent.loss_type=ppo"], "agent.loss_type=ppo: expected one of grpo"), (["curriculum.alpha=2"], "alpha must be in"),
+                          (["nope=1"], "no such option"), (["agent.nope=1"], "no such option"), (["group_size=1"], "group_size")]:
+        with pytest.raises(ValueError, match=message):
+            load_config("quick", None, sets)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("epochs = [")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        load_config("quick", bad)
+
+
+def test_genenv_run_stops_on_a_bad_value_before_any_work(tmp_path):
+    lake = tmp_path / "lake"
+    for args, message in [(["--epochs", "0"], "epochs must be >= 1"), (["--domain", "chess"], "domain must be one of"),
+                          (["--profile", "huge"], "profile must be one of"), (["--set", "agent.epsilon=-1"], "epsilon")]:
+        result = genenv_cli("run", "--lake", str(lake), *args, timeout=120)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+        assert result.stderr.strip().count("\n") == 0
+    assert not lake.exists()
+
+
+# -- a quick run, end to end -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("quick") / "lake"
+    result = genenv_cli("run", "--profile", "quick", "--lake", str(root), "--seed", "1", timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return Lake(root, create=False), result.stdout
+
+
+def test_a_quick_run_leaves_every_kind_of_record_in_the_lake(quick_run):
+    lake, stdout = quick_run
+    tasks = read_table(lake, silver("task"))
+    assert tasks.height > 0 and {"0", "1", "seed"} & set(tasks["env_model_version"].to_list())
+    generated = tasks.filter(pl.col("env_model_version") != "seed")
+    assert generated.height == 2 * 4, "every generation is recorded, parseable or not"
+    assert (generated["valid"] | generated["invalid_reason"].is_not_null()).all()
+    for kind in ("rollout", "reward", "batch"):
+        assert read_table(lake, silver(kind)).height > 0, kind
+    checkpoints = read_table(lake, CHECKPOINTS)
+    assert {"agent", "env"} <= set(checkpoints["model_kind"].to_list())
+    assert read_pool(lake, "d_train").height > 0 and read_pool(lake, "d_env").height > 0
+    report = next((Path(lake.root) / "reports").iterdir())
+    for name in ("report.md", "success.png", "validation.png", "difficulty.png", "metrics.json", "config.toml"):
+        assert (report / name).is_file(), name
+    assert len(json.loads((report / "metrics.json").read_text())["epochs"]) == 2
+
+
+def test_every_p_hat_and_env_reward_can_be_recomputed_from_its_rows(quick_run):
+    lake, _ = quick_run
+    config = load_config("quick")
+    rewards = read_table(lake, silver("reward"))
+    success = {}
+    for row in rewards.iter_rows(named=True):
+        success.setdefault(row["task_id"], []).append(row["success"])
+    batches = read_table(lake, silver("batch"))
+    assert batches.height > 0
+    for batch in batches.iter_rows(named=True):
+        outcomes = [s for task_id in batch["task_ids"] for s in success[task_id]]
+        assert batch["n_rollouts"] == len(outcomes) and batch["n_success"] == sum(outcomes)
+        assert batch["p_hat"] == pytest.approx(sum(outcomes) / len(outcomes))
+        assert batch["env_reward"] == pytest.approx(env_reward(batch["p_hat"], config.curriculum))
+        assert batch["filtered"] == (not in_band(batch["p_hat"], config.curriculum))
+    d_env = read_pool(lake, "d_env")
+    by_batch = {t: b for b in batches.iter_rows(named=True) for t in b["task_ids"]}
+    for row in d_env.iter_rows(named=True):
+        assert row["p_hat"] == by_batch[row["task_id"]]["p_hat"]
+
+
+def test_async_mode_completes_a_quick_run_and_never_trains_on_stale_rollouts(tmp_path):
+    """Every role in its own process; the trainer's rows are recomputed from the lake and checked against the bound."""
+    root = tmp_path / "lake"
+    result = genenv_cli("run", "--profile", "quick", "--async", "--lake", str(root), "--seed", "2",
+                        "--set", "agent.max_staleness=0", timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    lake = Lake(root, create=False)
+    checkpoints = read_table(lake, CHECKPOINTS).filter(pl.col("model_kind") == "agent").sort("version")
+    grpo = [row for row in checkpoints.iter_rows(named=True) if not json.loads(row["metrics_json"])["warm_start"]]
+    assert grpo, "the agent trainer made no GRPO update"
+    by_version = {row["version"]: row for row in checkpoints.iter_rows(named=True)}
+    for row in grpo:
+        parent = by_version[row["parent_version"]]
+        now = read_pool(lake, "d_train", row["pool_version"])
+        seen = read_pool(lake, "d_train", parent["pool_version"]).select("rollout_id")
+        new = now.join(seen, on="rollout_id", how="anti").filter(pl.col("run_id") == row["run_id"])
+        staleness = [row["parent_version"] - int(v) for v in new["agent_model_version"].to_list()]
+        metrics = json.loads(row["metrics_json"])
+        assert metrics["rows"] == sum(s == 0 for s in staleness), "trained on exactly the fresh rows"
+        assert metrics["rows_left_out"].get("stale", 0) == sum(s > 0 for s in staleness)
+        assert metrics["stale_rows"] == 0
