@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -303,10 +304,10 @@ def _on_sigterm(signum, frame):  # a normal exit, so context managers stop the l
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.ERROR)
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()  # the CLI shows its own progress
-    transformers.utils.logging.set_verbosity_error()
+    # The CLI shows its own progress: no per-file bars from transformers / huggingface_hub (read at their import,
+    # so no need to import them here, which would slow every command's start).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         app()

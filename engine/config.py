@@ -19,7 +19,7 @@ from typing import Literal
 from trainers import GRPOConfig, RWRConfig
 
 from .curriculum import CurriculumConfig
-from .domains import DOMAINS
+from .domains import DOMAINS, get_domain
 from .overrides import OverrideError, apply_overrides
 
 MODES = ("genenv", "genenv-random", "genenv-static", "seeds-only")
@@ -47,6 +47,7 @@ class RunConfig:
     warm_start_tasks: int = 24
     warm_start_epochs: int = 2
     warm_start_learning_rate: float = 1e-4
+    seeds_path: str = ""  # toolcall: draw the seeds from API-Bank's level-1-api.json (e.g. ../shared/data/api-bank)
     backend: Literal["transformers", "vllm"] = "transformers"
     # Task granularity: with 8 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
     # G = 4 a task's p_hat is a multiple of 0.25, so k = 0.25 keeps the tasks solved sometimes but not always.
@@ -69,6 +70,8 @@ class RunConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO compares rollouts within a group), got {self.group_size}")
+        if self.seeds_path:
+            get_domain(self.domain, self.seeds_path)  # raises naming what is missing
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.backend not in ("transformers", "vllm"):

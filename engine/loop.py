@@ -93,7 +93,7 @@ class Engine:
         self.lake = lake
         self.writer = writer
         self.say = say
-        self.domain = get_domain(config.domain)
+        self.domain = get_domain(config.domain, config.seeds_path)
         self.run_id = run_id or config.run_id or f"{config.domain}-{config.mode}-s{config.seed}-{uuid.uuid4().hex[:6]}"
         self.roles = roles if config.mode != "seeds-only" else tuple(r for r in roles if r != "env")
         self.rng = random.Random(config.seed)

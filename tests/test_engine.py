@@ -200,3 +200,16 @@ def test_async_mode_completes_a_quick_run_and_never_trains_on_stale_rollouts(tmp
         assert metrics["rows"] == sum(s == 0 for s in staleness), "trained on exactly the fresh rows"
         assert metrics["rows_left_out"].get("stale", 0) == sum(s > 0 for s in staleness)
         assert metrics["stale_rows"] == 0
+
+
+def test_toolcall_seeds_can_come_from_api_bank():
+    from conftest import ROOT
+
+    data = ROOT.parent / "shared" / "data" / "api-bank"
+    domain = get_domain("toolcall", str(data))
+    seeds = domain.seeds(__import__("random").Random(0), 20)
+    assert len(seeds) == 20 and len(domain.seed_file) > 300
+    for request, text, task in seeds:
+        assert text == task.prompt and domain.check(task, domain.reference_answer(task)).success
+    with pytest.raises(ValueError, match="does not exist"):
+        get_domain("toolcall", str(data / "missing.json"))

@@ -224,12 +224,22 @@ def test_exactly_once_through_two_sigkills(broker, tmp_path):
              "--max-batch-records", "700", "--max-batch-ms", "200", "--max-wait", "20"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
+    def bronze_rows_now() -> int:
+        try:
+            return len(read_table(Lake(lake_path, create=False), bronze("genenv.tasks")))
+        except Exception:  # the first ingestor may not have created the lake yet
+            return 0
+
     producer = threading.Thread(target=produce)
     producer.start()
     rng = random.Random(7)
     for _ in range(2):
         proc = start_ingestor()
-        time.sleep(6 + rng.random() * 3)
+        # Kill it mid-stream: once it has written something new (however slow its start on a busy machine) ...
+        before, deadline = bronze_rows_now(), time.monotonic() + 300
+        while bronze_rows_now() <= before and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        time.sleep(rng.random() * 2)  # ... at a random point of a later step
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     producer.join()

@@ -212,3 +212,13 @@ def test_an_empty_pool_is_a_one_line_error(lake):
     with pytest.raises(TrainError) as info:
         train_update("agent", lake, FAST_AGENT, base_model="tiny")
     assert "gold/d_train@0 holds no rows" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_lora_updates_merge_into_a_plain_checkpoint(pool_lake):
+    config = GRPOConfig(**{**FAST_AGENT.__dict__, "use_peft": True, "lora_r": 4, "lora_alpha": 8})
+    record = train_update("agent", pool_lake, config, base_model="tiny")
+    loaded = load_model(record.path)  # a plain transformers model: the adapters are folded in
+    base = load_model("tiny")
+    changed = [name for name, tensor in loaded.model.state_dict().items()
+               if not __import__("torch").equal(tensor, base.model.state_dict()[name])]
+    assert changed and all("proj" in name for name in changed), changed

@@ -8,9 +8,14 @@ from .toolcall import ToolCall
 DOMAINS: dict[str, type] = {"arith": Arith, "toolcall": ToolCall, "qa": QA}
 
 
-def get_domain(name: str) -> Domain:
+def get_domain(name: str, seeds_path: str = "") -> Domain:
+    """A domain by name; seeds_path: a file of seed tasks for domains that read one (toolcall: API-Bank)."""
     if name not in DOMAINS:
         raise ValueError(f"unknown domain {name!r}; domains: {', '.join(DOMAINS)}")
+    if seeds_path:
+        if name != "toolcall":
+            raise ValueError(f"seeds_path is read by the toolcall domain only, not {name}")
+        return DOMAINS[name](seeds_path)
     return DOMAINS[name]()
 
 

@@ -17,9 +17,11 @@ Difficulty: tools offered, arguments, optional arguments, distractor tools, para
 from __future__ import annotations
 
 import ast
+import json
 import random
 import re
 import string
+from pathlib import Path
 
 from .base import Invalid, SimulatorRequest, Task, Verdict, example_summary
 
@@ -131,7 +133,45 @@ def _dotted(node: ast.expr) -> str | None:
     return None
 
 
-TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,)}
+TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,)}
+API_BANK_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "list": "array", "list(str)": "array"}
+
+
+def api_bank_seeds(path: Path) -> list[tuple[str, Task]]:
+    """(request, task) pairs from API-Bank's level-1-api.json (or a folder holding it): the user's last
+    utterance, the APIs described in the instruction (all parameters required, as API-Bank has no optional
+    ones) and the call in `expected_output`. Items whose call does not read as literal calls, or breaks its
+    own API description's types, are skipped."""
+    path = path / "level-1-api.json" if path.is_dir() else path
+    if not path.is_file():
+        raise ValueError(f"toolcall seeds: {path} does not exist (API-Bank's level-1-api.json, see ../shared/data/README.md)")
+    try:
+        items = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"toolcall seeds: {path} is not JSON ({exc})") from None
+    seeds = []
+    for item in items:
+        try:
+            described = [json.loads(line) for line in item["instruction"].split("API descriptions:")[1].strip().splitlines()]
+            tools = [_tool(d["name"], d.get("description", ""),
+                           {k: {"type": API_BANK_TYPES.get(v["type"], "string")} for k, v in d["input_parameters"].items()},
+                           list(d["input_parameters"])) for d in described]
+            calls = parse_calls(item["expected_output"].removeprefix("API-Request:").strip())
+            users = [line[len("User:"):].strip() for line in item["input"].splitlines() if line.startswith("User:")]
+        except (KeyError, IndexError, ValueError, AttributeError):
+            continue
+        if isinstance(calls, str) or not users:
+            continue
+        reference = [{"name": name, "arguments": args} for name, args in calls]
+        by_name = {t["name"]: t for t in tools}
+        if any(c["name"] not in by_name or match_call(by_name[c["name"]], c, c["name"], c["arguments"]) for c in reference):
+            continue  # the gold call contradicts its own API description (e.g. '2' for an int): not a fair task
+        difficulty = {"level": 1, "tools_offered": len(tools), "arguments": sum(len(c["arguments"]) for c in reference),
+                      "optional_arguments": 0, "distractors": len(tools) - len(reference), "parallel_calls": len(reference)}
+        seeds.append((users[-1], Task(prompt=users[-1], reference=reference, difficulty=difficulty, tools=tools)))
+    if not seeds:
+        raise ValueError(f"toolcall seeds: no usable API-Bank items in {path}")
+    return seeds
 
 
 def match_call(tool: dict, expected: dict, name: str, args: dict) -> str | None:
@@ -179,9 +219,15 @@ def template_text(rng: random.Random, spec: dict) -> str:
 
 
 class ToolCall:
+    """seeds_path: API-Bank's level-1-api.json (or its folder) to draw the warm-start seeds from, instead of
+    the built-in templates."""
+
     name = "toolcall"
     agent_system = "You call tools. Reply with the function call only, for example get_time(city='Rome')."
     difficulty_feature = "level"
+
+    def __init__(self, seeds_path: str = ""):
+        self.seed_file = api_bank_seeds(Path(seeds_path)) if seeds_path else None
 
     def _spec(self, rng: random.Random, cities: list[str], level: int | None = None) -> dict:
         level = rng.randint(0, 4) if level is None else level
@@ -237,6 +283,16 @@ class ToolCall:
         return Task(prompt=text, reference=calls, difficulty=difficulty, tools=[TOOLS[n] for n in spec["offered"]])
 
     def seeds(self, rng: random.Random, n: int) -> list[tuple[SimulatorRequest, str, Task]]:
+        if self.seed_file:
+            out = []
+            for text, task in rng.sample(self.seed_file, min(n, len(self.seed_file))):
+                spec = {"level": 1, "calls": task.reference, "offered": [t["name"] for t in task.tools]}
+                menu = "(a) level 1: " + "; ".join(format_call(c) for c in task.reference)
+                summary = example_summary(rng, self.difficulty_feature, [0, 1, 2, 3, 4])
+                prompt = (f"Pick a task and write the user's message for it, with every value, no code. {menu}. "
+                          f"Assistant's results: {summary}.")
+                out.append((SimulatorRequest(prompt, {"candidates": [spec]}), text, task))
+            return out
         out = []
         for i in range(n):
             request = self.simulator_request(rng, example_summary(rng, self.difficulty_feature, [0, 1, 2, 3, 4]))
