@@ -41,6 +41,7 @@ class RunConfig:
     agent_max_new_tokens: int = 24
     env_max_new_tokens: int = 40
     generation_batch_size: int = 32
+    max_generation_attempts: int = 4  # rounds of simulator generation to reach tasks_per_epoch valid tasks
     validation_size: int = 24  # held-out tasks scored greedily after every epoch
     warm_start: bool = True  # SFT both models on seed tasks before epoch 0 (DESIGN.md section 6)
     # On 2 CPU cores a 135M model trains at ~100 tokens/s: 24 seeds x 2 passes is about 80 s per model.
@@ -64,7 +65,7 @@ class RunConfig:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         for name in ("epochs", "tasks_per_epoch", "batch_size", "group_size", "agent_max_new_tokens",
-                     "env_max_new_tokens", "generation_batch_size", "validation_size", "warm_start_tasks",
+                     "env_max_new_tokens", "generation_batch_size", "max_generation_attempts", "validation_size", "warm_start_tasks",
                      "warm_start_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

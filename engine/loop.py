@@ -180,10 +180,9 @@ class Engine:
             seconds[phase] = round(now - clock, 2)
             clock = now
 
-        tasks = self.tasks_for(epoch)
-        events = [self._task_event(t) for t in tasks if t.epoch == epoch]
+        published, valid = self.tasks_for(epoch)
+        events = [self._task_event(t) for t in published]
         lap("tasks")
-        valid = [t for t in tasks if isinstance(t.parsed, Task)]
         rollout_events, successes, history, generations = self.roll_out(valid, epoch, salt=2 * epoch + 1)
         events += rollout_events
         lap("rollouts")
@@ -213,8 +212,8 @@ class Engine:
         features = [t.parsed.difficulty for t in valid]
         difficulty = {k: round(statistics.fmean(f[k] for f in features), 3) for k in (features[0] if features else {})}
         metrics = EpochMetrics(
-            epoch=epoch, agent_version=self.agent_version, env_version=self.env_version, tasks=len(tasks),
-            valid_share=round(len(valid) / max(len(tasks), 1), 3),
+            epoch=epoch, agent_version=self.agent_version, env_version=self.env_version, tasks=len(published),
+            valid_share=round(sum(isinstance(t.parsed, Task) for t in published) / len(published), 3) if published else float("nan"),
             agent_success=round(statistics.fmean(s for _, s in history), 3) if history else 0.0,
             batch_p_hats=[round(s.p_hat, 3) for s in scores],
             in_band_share=round(statistics.fmean(not s.filtered for s in scores), 3) if scores else 0.0,
@@ -261,36 +260,52 @@ class Engine:
         return [score for batch_id, members in by_batch.items()
                 for score in score_groups(batch_id, members, self.config.curriculum)]
 
-    def tasks_for(self, epoch: int) -> list[GeneratedTask]:
-        cfg = self.config
-        if cfg.mode == "seeds-only":
-            seeds = self.domain.seeds(self.rng, cfg.tasks_per_epoch)
-            return [GeneratedTask(f"{self.run_id}-e{epoch}-t{i}", self.batch_id(epoch, i), "", text, task, SEED_VERSION, epoch)
-                    for i, (_, text, task) in enumerate(seeds)]
-        if cfg.mode == "genenv-static":
-            if epoch == 0:
-                self.static_tasks = self.generate_tasks(0, cfg.tasks_per_epoch * cfg.epochs)
-            return self.static_tasks[epoch * cfg.tasks_per_epoch:(epoch + 1) * cfg.tasks_per_epoch]
-        return self.generate_tasks(epoch, cfg.tasks_per_epoch)
+    def tasks_for(self, epoch: int) -> tuple[list[GeneratedTask], list[GeneratedTask]]:
+        """(tasks to publish this epoch, valid tasks the agent attempts this epoch).
 
-    def generate_tasks(self, epoch: int, n: int) -> list[GeneratedTask]:
+        Every mode gives the agent tasks_per_epoch valid tasks an epoch when it can (equal rollout budget): the
+        simulator writes more until it has them, up to max_generation_attempts rounds, and every generation is
+        published, parseable or not."""
+        cfg = self.config
+        n = cfg.tasks_per_epoch
+        if cfg.mode == "seeds-only":
+            tasks = [GeneratedTask(f"{self.run_id}-e{epoch}-t{i}", self.batch_id(epoch, i), "", text, task, SEED_VERSION, epoch)
+                     for i, (_, text, task) in enumerate(self.domain.seeds(self.rng, n))]
+            return tasks, tasks
+        if cfg.mode == "genenv-static":
+            published = []
+            if epoch == 0:
+                published = self.generate_tasks(0, n * cfg.epochs)
+                self.static_tasks = [t for t in published if isinstance(t.parsed, Task)]
+            return published, self.static_tasks[epoch * n:(epoch + 1) * n]
+        tasks = self.generate_tasks(epoch, n)
+        return tasks, [t for t in tasks if isinstance(t.parsed, Task)]
+
+    def generate_tasks(self, epoch: int, n_valid: int) -> list[GeneratedTask]:
+        """Simulator generations until n_valid parse (or the attempts run out); valid ones batched in order."""
         cfg = self.config
         summary = performance_summary(self.history, self.domain.difficulty_feature)
-        requests = [self.domain.simulator_request(self.rng, summary) for _ in range(n)]
-        prompts = [render_prompt(self.simulator.tokenizer, r.prompt, system=SIMULATOR_SYSTEM) for r in requests]
-        with self.phase(f"epoch {epoch}: simulator writes {n} tasks") as tick:
-            generations = self._backend(self.simulator).generate(prompts, self._sampling(cfg.env_max_new_tokens, 2 * epoch),
-                                                                 progress=tick)
-        tasks = []
-        for i, (request, generation) in enumerate(zip(requests, generations)):
-            used_in, index = (i // cfg.tasks_per_epoch, i % cfg.tasks_per_epoch) if cfg.mode == "genenv-static" else (epoch, i)
-            tasks.append(GeneratedTask(f"{self.run_id}-e{used_in}-t{index}", self.batch_id(used_in, index),
-                                       generation.prompt, generation.text, self.domain.parse(generation.text, request.context),
-                                       str(self.env_version), epoch))
+        tasks: list[GeneratedTask] = []
+        valid = 0
+        for attempt in range(cfg.max_generation_attempts):
+            wanted = n_valid - valid
+            if wanted <= 0:
+                break
+            requests = [self.domain.simulator_request(self.rng, summary) for _ in range(wanted)]
+            prompts = [render_prompt(self.simulator.tokenizer, r.prompt, system=SIMULATOR_SYSTEM) for r in requests]
+            with self.phase(f"epoch {epoch}: simulator writes {wanted} tasks (attempt {attempt + 1})") as tick:
+                generations = self._backend(self.simulator).generate(
+                    prompts, self._sampling(cfg.env_max_new_tokens, 1000 * epoch + attempt), progress=tick)
+            for request, generation in zip(requests, generations):
+                parsed = self.domain.parse(generation.text, request.context)
+                batch_id = self.batch_id(epoch, valid) if isinstance(parsed, Task) else f"{self.run_id}-e{epoch}-invalid"
+                valid += isinstance(parsed, Task)
+                tasks.append(GeneratedTask(f"{self.run_id}-e{epoch}-t{len(tasks)}", batch_id, generation.prompt,
+                                           generation.text, parsed, str(self.env_version), epoch))
         return tasks
 
     def batch_id(self, epoch: int, index: int) -> str:
-        """Tasks are batched in the order they are generated, batch_size to a batch."""
+        """Valid tasks are batched in the order they parse, batch_size to a batch."""
         return f"{self.run_id}-e{epoch}-b{index // self.config.batch_size}"
 
     def validate(self) -> float:
@@ -332,10 +347,10 @@ class Engine:
         return TaskGenerated(**common, task_prompt=t.parsed.prompt, tools_json=tools, reference_json=reference,
                              difficulty_json=difficulty)
 
-    def _batch_event(self, score, epoch: int, producer: str = "reward") -> BatchScored:
+    def _batch_event(self, score, epoch: int, producer: str = "reward", granularity: str | None = None) -> BatchScored:
         return BatchScored(
             run_id=self.run_id, epoch=epoch, batch_id=score.batch_id, task_ids=score.task_ids,
-            granularity=self.config.curriculum.granularity, p_hat=score.p_hat, env_reward=score.env_reward,
+            granularity=granularity or self.config.curriculum.granularity, p_hat=score.p_hat, env_reward=score.env_reward,
             weight=score.weight, filtered=score.filtered, n_tasks=len(score.task_ids), n_rollouts=score.n_rollouts,
             n_success=score.n_success, producer=producer)
 

@@ -4,8 +4,8 @@
                  reloads its weights on CheckpointPublished(env)
     rollout      group_size rollouts of every valid task with whatever agent it holds; reloads on
                  CheckpointPublished(agent), so rollouts may come from an older agent than the trainer's
-    reward       checks every rollout, and scores a task (granularity task) or a batch (granularity
-                 batch: once all its tasks are in and every valid one has its group) with the curriculum
+    reward       checks every rollout, and scores each task with the curriculum once its group is complete
+                 (streaming is always task granularity: a batch's membership is known only after its round)
     ingest       `genenv ingest`: the only writer of the lake
     train-agent  GRPO whenever the pool holds a batch's worth of new rollouts of the run; rows more than
                  agent.max_staleness versions behind its parent are dropped (or importance-weighted)
@@ -18,6 +18,7 @@ checkpoint a CheckpointPublished event names after checking the event's sha256.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -28,7 +29,8 @@ from trainers import TrainError, latest_version, load_verified, manifest, regist
 from trainers.update import POOL_OF, new_rows
 
 from .config import RunConfig
-from .domains import Invalid, Task, task_from_row
+from .domains import Invalid, task_from_row
+from .curriculum import score_groups
 from .loop import Engine, GeneratedTask
 
 IDLE_S = 5.0  # a trainer takes fewer rows than a batch's worth once the pool has not grown for this long
@@ -113,11 +115,11 @@ class Worker:
             if round_ > 0 and scored[round_ - 1] < valid_in[round_ - 1]:
                 continue
             engine.history = history[-4 * self.config.tasks_per_epoch * self.config.group_size:]
-            tasks = engine.tasks_for(round_)
-            valid_in[round_] = sum(isinstance(t.parsed, Task) for t in tasks)
-            difficulty.update({t.task_id: t.parsed.difficulty for t in tasks if isinstance(t.parsed, Task)})
-            self.publish([engine._task_event(t) for t in tasks if t.epoch == round_])
-            self.say(f"simulator: round {round_}: {valid_in[round_]}/{len(tasks)} valid tasks (env v{engine.env_version})")
+            published, valid = engine.tasks_for(round_)
+            valid_in[round_] = len(valid)
+            difficulty.update({t.task_id: t.parsed.difficulty for t in valid})
+            self.publish([engine._task_event(t) for t in published])
+            self.say(f"simulator: round {round_}: {len(valid)} valid tasks of {len(published)} written (env v{engine.env_version})")
             round_ += 1
         consumer.close()
 
@@ -146,8 +148,8 @@ class Worker:
         engine = self._engine(())
         cfg = self.config
         consumer = assigned_consumer(self.bootstrap, ["genenv.tasks", "genenv.rollouts"], client_id="genenv-reward")
+        by_task = dataclasses.replace(cfg.curriculum, granularity="task")
         tasks: dict[str, GeneratedTask] = {}
-        members: dict[str, list[str]] = defaultdict(list)  # batch id -> every task id generated into it
         successes: dict[str, list[bool]] = defaultdict(list)
         early: list = []  # rollouts whose task has not arrived yet
         scored: set[str] = set()
@@ -157,7 +159,6 @@ class Worker:
                     parsed = task_from_row(event.to_dict()) if event.valid else Invalid(event.invalid_reason or "")
                     tasks[event.task_id] = GeneratedTask(event.task_id, event.batch_id, event.sim_prompt,
                                                          event.raw_generation, parsed, event.env_model_version, event.epoch)
-                    members[event.batch_id].append(event.task_id)
                 elif event.KIND == "rollout" and event.producer != "warm-start":
                     early.append(event)
             ready, early = [e for e in early if e.task_id in tasks], [e for e in early if e.task_id not in tasks]
@@ -169,21 +170,18 @@ class Worker:
                     run_id=self.run_id, epoch=rollout.epoch, rollout_id=rollout.rollout_id, task_id=rollout.task_id,
                     reward=verdict.reward, success=verdict.success, checker_detail=verdict.detail, producer="reward"))
                 successes[rollout.task_id].append(verdict.success)
-            for batch_id, ids in members.items():
-                if batch_id in scored or len(ids) < self._batch_size(batch_id):
+            # Streaming scores each task as soon as its group is complete (task granularity): a batch's
+            # membership is not known until the simulator's round is over.
+            for task_id in list(successes):
+                task = tasks.get(task_id)
+                if task is None or task_id in scored or len(successes[task_id]) < cfg.group_size:
                     continue
-                valid = [tasks[t] for t in ids if isinstance(tasks[t].parsed, Task)]
-                if all(len(successes[t.task_id]) >= cfg.group_size for t in valid):
-                    scored.add(batch_id)
-                    out += [engine._batch_event(s, tasks[ids[0]].epoch) for s in engine.score(valid, successes)]
+                scored.add(task_id)
+                out += [engine._batch_event(s, task.epoch, granularity="task")
+                        for s in score_groups(task.batch_id, {task_id: successes[task_id]}, by_task)]
             if out:
                 self.publish(out)
         consumer.close()
-
-    def _batch_size(self, batch_id: str) -> int:
-        """How many tasks the simulator puts into a batch: batch_size, fewer in a round's last batch."""
-        index = int(batch_id.rsplit("-b", 1)[1])
-        return min(self.config.batch_size, self.config.tasks_per_epoch - index * self.config.batch_size)
 
     def train_agent(self, stop: Stop) -> None:
         self._train("agent", self.config.agent, stop)

@@ -144,9 +144,13 @@ def test_a_quick_run_leaves_every_kind_of_record_in_the_lake(quick_run):
     lake, stdout = quick_run
     tasks = read_table(lake, silver("task"))
     assert tasks.height > 0 and {"0", "1", "seed"} & set(tasks["env_model_version"].to_list())
-    generated = tasks.filter(pl.col("env_model_version") != "seed")
-    assert generated.height == 2 * 4, "every generation is recorded, parseable or not"
+    generated = tasks.filter(pl.col("producer") != "warm-start")
+    assert generated.height >= 2 * 4, "every generation is recorded, parseable or not"
     assert (generated["valid"] | generated["invalid_reason"].is_not_null()).all()
+    for epoch in (0, 1):  # the simulator writes until it has tasks_per_epoch valid tasks (or runs out of attempts)
+        of_epoch = generated.filter(pl.col("epoch") == epoch)
+        assert of_epoch["valid"].sum() <= 4
+        assert of_epoch["valid"].sum() == 4 or of_epoch.height >= 4 + 3, "four attempts before giving up"
     for kind in ("rollout", "reward", "batch"):
         assert read_table(lake, silver(kind)).height > 0, kind
     checkpoints = read_table(lake, CHECKPOINTS)
