@@ -19,6 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from lake import CHECKPOINTS, VALIDATIONS, Lake, lag, read_table, silver
+from streams.broker import terminate
 
 from .config import RunConfig, to_toml
 from .loop import Engine, EpochMetrics
@@ -61,23 +62,13 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
         wait(lambda: procs["train-agent"].poll() is not None or _agent_caught_up(lake, engine.run_id),
              "the agent trainer did not catch up")
         for role in ("rollout", "reward", "train-agent", "train-env"):
-            _stop(procs[role])
+            terminate(procs[role])
         wait(lambda: lag(lake, bootstrap) == 0 and not _still_refining(lake), "the ingestor did not catch up")
     finally:
         for proc in procs.values():
-            _stop(proc)
+            terminate(proc)
         Path(f.name).unlink(missing_ok=True)
     return engine
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _unscored_tasks(lake: Lake, run_id: str) -> int:

@@ -70,6 +70,18 @@ def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
         admin.close()
 
 
+def terminate(process: subprocess.Popen, timeout_s: float = 30) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited within timeout_s."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class LocalBroker:
     """A Tansu broker process on 127.0.0.1; use as a context manager or start()/stop()."""
 
@@ -105,16 +117,10 @@ class LocalBroker:
     def stop(self) -> None:
         process, self.process = self.process, None
         _live_brokers.discard(self)
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stderr:
-            process.stderr.close()
+        if process is not None:
+            terminate(process, timeout_s=10)
+            if process.stderr:
+                process.stderr.close()
 
     @property
     def running(self) -> bool:
