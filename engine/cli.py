@@ -116,7 +116,9 @@ def run(
     report: Annotated[Optional[Path], typer.Option(help="Report folder (default: <lake>/reports/<run id>).")] = None,
     streaming: Annotated[bool, typer.Option("--async", help="Async mode: one worker process per role instead of the sync loop.")] = False,
 ) -> None:
-    """The main job: co-evolve the agent and the simulator, everything through Kafka and the lake, then write a report."""
+    """The main job: co-evolve the agent and the simulator, everything through Kafka and the lake, then write a report.
+
+    Every option of a run (curriculum alpha/beta/k/granularity, GRPO and RWR options with TRL's names, sizes, models, warm start) is listed with its value by `genenv config --profile P`; put any of them in a TOML file for --config, or override one with --set name=value (section.name=value for curriculum, agent, env)."""
     from engine.config import load_config
     from engine.loop import Engine
     from engine.publishing import LakeWriter
