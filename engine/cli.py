@@ -242,8 +242,6 @@ def train(
     bootstrap: BootstrapOpt = None,
 ) -> None:
     """One update: train the agent or the simulator on its pool, write a checkpoint, publish and register it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     from engine.overrides import OverrideError, apply_overrides
     from engine.publishing import publish_checkpoint
     from trainers import KINDS, CheckpointError, ModelNotFound, TrainError, default_config, train_update
@@ -255,12 +253,10 @@ def train(
     except OverrideError as exc:
         raise UserError(str(exc)) from None
     lake_ = Lake(lake, create=False)
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
-        task = bar.add_task(f"training {kind}", total=None)
+    with _phases() as phase, phase(f"training {kind}") as tick:
         try:
             record = train_update(kind, lake_, config, base_model=model, pool_version=pool_version, parent_version=parent,
-                                  progress=lambda done, total: bar.update(task, completed=done, total=total))
+                                  progress=tick)
         except (TrainError, CheckpointError, ModelNotFound) as exc:
             raise UserError(str(exc)) from None
     with kafka_bootstrap(bootstrap) as servers, console.status(f"publishing {kind} v{record.version}"):

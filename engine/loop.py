@@ -227,9 +227,9 @@ class Engine:
         return metrics
 
     # -- steps (the async workers run them one by one) ---------------------------------------------
-    def roll_out(self, valid: list[GeneratedTask], epoch: int, salt: int):
+    def roll_out(self, valid: list[GeneratedTask], epoch: int, salt: int, score: bool = True):
         """group_size rollouts of every valid task by the current agent, checked: (events, successes by task,
-        (difficulty, success) pairs, generations)."""
+        (difficulty, success) pairs, generations). score=False: the rollouts only (a reward worker checks them)."""
         cfg = self.config
         prompts = [self._agent_prompt(t.parsed) for t in valid for _ in range(cfg.group_size)]
         with self.phase(f"epoch {epoch}: rollouts") as tick:
@@ -238,13 +238,15 @@ class Engine:
         events, successes, history = [], {}, []
         for i, generation in enumerate(generations):
             task = valid[i // cfg.group_size]
-            verdict = self.domain.check(task.parsed, generation.text)
             rollout_id = f"{task.task_id}-r{i % cfg.group_size}"
             events.append(RolloutCompleted(
                 run_id=self.run_id, epoch=epoch, rollout_id=rollout_id, task_id=task.task_id,
                 group_index=i % cfg.group_size, agent_model_version=str(self.agent_version), prompt=generation.prompt,
                 completion=generation.text, completion_token_ids=generation.token_ids,
                 behaviour_logprobs=generation.logprobs, producer="rollout"))
+            if not score:
+                continue
+            verdict = self.domain.check(task.parsed, generation.text)
             events.append(RewardScored(run_id=self.run_id, epoch=epoch, rollout_id=rollout_id, task_id=task.task_id,
                                        reward=verdict.reward, success=verdict.success, checker_detail=verdict.detail,
                                        producer="reward"))

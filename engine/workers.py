@@ -77,12 +77,8 @@ class Worker:
         self.producer.flush()
 
     def _engine(self, roles: tuple[str, ...]) -> Engine:
-        engine = Engine(self.config, self.lake, None, say=self.say, run_id=self.run_id, roles=())
-        engine.roles = roles if self.config.mode != "seeds-only" else tuple(r for r in roles if r != "env")
-        engine.agent_version = run_version(self.lake, "agent", self.run_id) if "agent" in engine.roles else 0
-        engine.env_version = run_version(self.lake, "env", self.run_id) if "env" in engine.roles else 0
-        engine._load_models()
-        return engine
+        start_from = (run_version(self.lake, "agent", self.run_id), run_version(self.lake, "env", self.run_id))
+        return Engine(self.config, self.lake, None, say=self.say, run_id=self.run_id, roles=roles, start_from=start_from)
 
     @staticmethod
     def _reload(engine: Engine, event) -> None:
@@ -139,9 +135,9 @@ class Worker:
                                                  task, event.env_model_version, event.epoch))
             while waiting and not stop():
                 batch, waiting = waiting[:per_call], waiting[per_call:]
-                events, *_ = engine.roll_out(batch, batch[0].epoch, salt=10_000 + calls)
+                events, *_ = engine.roll_out(batch, batch[0].epoch, salt=10_000 + calls, score=False)
                 calls += 1
-                self.publish([e for e in events if e.KIND == "rollout"])  # the reward worker scores them
+                self.publish(events)  # the reward worker scores them
         consumer.close()
 
     def reward(self, stop: Stop) -> None:
