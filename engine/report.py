@@ -11,11 +11,12 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .config import RunConfig, to_toml  # noqa: E402
+from .curriculum import CurriculumConfig  # noqa: E402
 from .loop import EpochMetrics  # noqa: E402
 
 
-def plot_success(metrics: list[EpochMetrics], config: RunConfig, path: Path) -> None:
-    alpha, k = config.curriculum.alpha, config.curriculum.k
+def plot_success(metrics: list[EpochMetrics], curriculum: CurriculumConfig, path) -> None:
+    alpha, k = curriculum.alpha, curriculum.k
     fig, ax = plt.subplots(figsize=(6, 3.5))
     epochs = [m.epoch for m in metrics]
     ax.axhspan(alpha - k, alpha + k, color="tab:green", alpha=0.15, label=f"alpha band [{alpha - k:.2f}, {alpha + k:.2f}]")
@@ -30,7 +31,7 @@ def plot_success(metrics: list[EpochMetrics], config: RunConfig, path: Path) -> 
     plt.close(fig)
 
 
-def plot_series(metrics: list[EpochMetrics], series: dict[str, list[float]], ylabel: str, title: str, path: Path) -> None:
+def plot_series(metrics: list[EpochMetrics], series: dict[str, list[float]], ylabel: str, title: str, path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, values in series.items():
         ax.plot([m.epoch for m in metrics], values, "o-", label=name)
@@ -48,7 +49,7 @@ def write_report(folder: Path, run_id: str, config: RunConfig, metrics: list[Epo
     (folder / "metrics.json").write_text(json.dumps({"run_id": run_id, "initial_validation_accuracy": initial_accuracy,
                                                      "epochs": [m.__dict__ for m in metrics]}, indent=2))
     (folder / "config.toml").write_text(to_toml(config))
-    plot_success(metrics, config, folder / "success.png")
+    plot_success(metrics, config.curriculum, folder / "success.png")
     plot_series(metrics, {"validation accuracy": [m.validation_accuracy for m in metrics]}, "accuracy",
                 "Held-out validation accuracy", folder / "validation.png")
     features = sorted({k for m in metrics for k in m.difficulty})

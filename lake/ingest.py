@@ -73,16 +73,30 @@ class CommitRecord:
         return json.dumps({"seq": self.seq, "watermark": self.watermark, "versions": self.versions}, sort_keys=True)
 
     @classmethod
+    def from_json(cls, raw: str) -> "CommitRecord":
+        data = json.loads(raw)
+        watermark = {t: {c: {int(p): o for p, o in parts.items()} for c, parts in logs.items()}
+                     for t, logs in data["watermark"].items()}
+        return cls(data["seq"], watermark, data["versions"])
+
+    @classmethod
+    def empty(cls) -> "CommitRecord":
+        return cls(versions={name: 0 for name in DERIVED_TABLES})
+
+    @classmethod
     def read(cls, lake: Lake) -> "CommitRecord":
         """The commit record of the last complete refine step (an empty one before the first)."""
         for commit in DeltaTable(lake.uri(VALIDATIONS)).history():
             raw = commit.get(COMMIT_RECORD_KEY)
             if raw:
-                data = json.loads(raw)
-                watermark = {t: {c: {int(p): o for p, o in parts.items()} for c, parts in logs.items()}
-                             for t, logs in data["watermark"].items()}
-                return cls(data["seq"], watermark, data["versions"])
-        return cls(versions={name: 0 for name in DERIVED_TABLES})
+                return cls.from_json(raw)
+        return cls.empty()
+
+    @classmethod
+    def history(cls, lake: Lake) -> list["CommitRecord"]:
+        """Every complete refine step's commit record, oldest first."""
+        raws = [c.get(COMMIT_RECORD_KEY) for c in DeltaTable(lake.uri(VALIDATIONS)).history()]
+        return sorted((cls.from_json(raw) for raw in raws if raw), key=lambda r: r.seq)
 
 
 @dataclass

@@ -7,6 +7,7 @@
     <root>/gold/d_train            the agent's pool: rollouts joined with their rewards
     <root>/gold/d_env              the simulator's pool: generations joined with their batch's curriculum reward
     <root>/registry/checkpoints    every model version with its lineage
+    <root>/eval/results, eval/items  offline benchmark results (genenv eval), per metric and per item
 
 Every table is created up front with its schema, so each has a version from
 the start and readers never meet a missing table.
@@ -134,6 +135,36 @@ CHECKPOINTS_SCHEMA = pa.schema(
     [f for f in event_schema("checkpoint") if f.name not in {c.name for c in KAFKA_COLUMNS}]
 )
 
+# Offline benchmark results (genenv eval): measurements of a model, written by the harness directly (they are
+# not part of the co-evolution's event log), one row per metric and one per scored item.
+EVAL_RESULTS_SCHEMA = pa.schema(
+    [
+        pa.field("eval_id", pa.string(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),  # what was asked for: a built-in name, path or agent:vN
+        pa.field("model_version", pa.string(), nullable=False),  # agent:vN with its sha256 prefix, or the model itself
+        pa.field("benchmark", pa.string(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("value", pa.float64()),
+        pa.field("items", pa.int64(), nullable=False),
+        pa.field("scoring", pa.string(), nullable=False),
+        pa.field("config_json", pa.string(), nullable=False),
+        pa.field("evaluated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+EVAL_ITEMS_SCHEMA = pa.schema(
+    [
+        pa.field("eval_id", pa.string(), nullable=False),
+        pa.field("benchmark", pa.string(), nullable=False),
+        pa.field("item_id", pa.string(), nullable=False),
+        pa.field("category", pa.string(), nullable=False),
+        pa.field("score", pa.float64(), nullable=False),
+        pa.field("response", pa.string(), nullable=False),
+        pa.field("detail", pa.string(), nullable=False),
+        pa.field("metrics_json", pa.string(), nullable=False),
+    ]
+)
+
 SILVER_KINDS = tuple(EVENT_TYPES)  # task, rollout, reward, batch, checkpoint
 
 
@@ -150,6 +181,8 @@ VALIDATIONS = "silver/validations"
 D_TRAIN = "gold/d_train"
 D_ENV = "gold/d_env"
 CHECKPOINTS = "registry/checkpoints"
+EVAL_RESULTS = "eval/results"
+EVAL_ITEMS = "eval/items"
 POOLS = {"d_train": D_TRAIN, "d_env": D_ENV}
 
 SCHEMAS: dict[str, pa.Schema] = {
@@ -160,6 +193,8 @@ SCHEMAS: dict[str, pa.Schema] = {
     D_ENV: D_ENV_SCHEMA,
     CHECKPOINTS: CHECKPOINTS_SCHEMA,
     VALIDATIONS: VALIDATIONS_SCHEMA,
+    EVAL_RESULTS: EVAL_RESULTS_SCHEMA,
+    EVAL_ITEMS: EVAL_ITEMS_SCHEMA,
 }
 
 # Tables the refine step writes, in the order it writes them. VALIDATIONS is last:

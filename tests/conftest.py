@@ -50,3 +50,13 @@ def genenv_cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.Comp
     """Run the installed CLI as a user would."""
     return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def quick_run(tmp_path_factory):
+    """One `genenv run --profile quick` (tiny models, through the real broker into a real lake), shared by the
+    engine's end-to-end tests and the audit/replay tests: (lake, stdout)."""
+    root = tmp_path_factory.mktemp("quick") / "lake"
+    result = genenv_cli("run", "--profile", "quick", "--lake", str(root), "--seed", "1", timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return Lake(root, create=False), result.stdout

@@ -132,12 +132,7 @@ def test_genenv_run_stops_on_a_bad_value_before_any_work(tmp_path):
 # -- a quick run, end to end -----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("quick") / "lake"
-    result = genenv_cli("run", "--profile", "quick", "--lake", str(root), "--seed", "1", timeout=900)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return Lake(root, create=False), result.stdout
+# (the quick_run fixture is in conftest.py: test_audit.py audits and replays the same run)
 
 
 def test_a_quick_run_leaves_every_kind_of_record_in_the_lake(quick_run):

@@ -8,12 +8,13 @@ from .grpo import GRPOConfig, GRPOTrainer
 from .losses import GRPOLossConfig, group_advantages, grpo_loss, rwr_loss, rwr_weights
 from .models import BUILTINS, LoadedModel, ModelNotFound, load_model
 from .rwr import RWRConfig, RWRTrainer
-from .update import POOL_OF, TrainError, default_config, train_update
+from .update import POOL_OF, TrainError, config_from_manifest, default_config, fit, new_rows, select_update_rows, train_update
 
 __all__ = [
     "BUILTINS", "KINDS", "POOL_OF", "CheckpointError", "CheckpointRecord", "GRPOConfig", "GRPOLossConfig", "GRPOTrainer",
     "Generation", "LoadedModel", "ModelNotFound", "RWRConfig", "RWRTrainer", "SamplingConfig", "TrainError",
-    "TransformersBackend", "VLLMBackend", "default_config", "group_advantages", "grpo_loss", "latest_version",
-    "load_checkpoint", "load_model", "load_verified", "manifest", "registered", "registry", "render_prompt", "rwr_loss", "rwr_weights",
+    "TransformersBackend", "VLLMBackend", "config_from_manifest", "default_config", "fit", "group_advantages", "grpo_loss", "latest_version",
+    "load_checkpoint", "load_model", "load_verified", "manifest", "new_rows", "registered", "registry", "render_prompt", "rwr_loss",
+    "rwr_weights", "select_update_rows",
     "sequence_logprobs", "train_update", "vllm_available",
 ]

@@ -10,6 +10,8 @@ Invariants:
   the same bytes, so the hash identifies the training, not only the file.
 - The record of a checkpoint is its row in registry/checkpoints (from its CheckpointPublished event,
   through ingest); loading by version looks the row up and refuses a file whose hash differs.
+- A checkpoint is found by (lake, kind, version), not by the absolute path its row records, so a lake
+  that is copied or moved with its checkpoints/ folder stays whole.
 - Version 0 of each kind is the base model itself, named in every checkpoint's lineage; it has no folder.
 """
 
@@ -116,7 +118,8 @@ def registered(lake: Lake, kind: str, version: int) -> dict:
 
 def manifest(lake: Lake, kind: str, version: int) -> dict:
     """The lineage a registered checkpoint was written with."""
-    path = Path(registered(lake, kind, version)["path"]) / MANIFEST
+    registered(lake, kind, version)
+    path = checkpoint_dir(lake, kind, version) / MANIFEST
     if not path.is_file():
         raise CheckpointError(f"{kind} checkpoint version {version} has no {MANIFEST} at {path.parent}")
     return json.loads(path.read_text())
@@ -129,7 +132,7 @@ def load_checkpoint(lake: Lake, kind: str, version: int, base_model: str | None 
             raise CheckpointError(f"{kind} version 0 is the base model, and none was named")
         return load_model(base_model)
     row = registered(lake, kind, version)
-    return load_verified(row["path"], row["sha256"], f"{kind} checkpoint version {version}")
+    return load_verified(checkpoint_dir(lake, kind, version), row["sha256"], f"{kind} checkpoint version {version}")
 
 
 def load_verified(path: str, sha256: str, what: str = "checkpoint") -> LoadedModel:

@@ -14,6 +14,7 @@ talk to Kafka); the registry row appears when the event is ingested.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict
 
 import polars as pl
@@ -26,7 +27,7 @@ from .checkpoints import (
     KINDS, CheckpointRecord, checkpoint_dir, config_hash, latest_version, load_checkpoint, manifest, save_checkpoint,
 )
 from .loop import Progress, merged
-from .models import load_model
+from .models import LoadedModel, load_model
 
 POOL_OF = {"agent": "d_train", "env": "d_env"}
 SEED_VERSION = "seed"  # the model version stamped on seed tasks and reference answers (the warm-start data)
@@ -93,21 +94,43 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
     rows = new_rows(lake, pool, pool_version, seen_version)
     if run_id is not None:
         rows = rows.filter(pl.col("run_id") == run_id)
-    expected = rwr.RWRConfig if warm_start or kind == "env" else grpo.GRPOConfig
-    if not isinstance(config, expected):
-        raise TrainError(f"{'a warm start' if warm_start else kind} training takes a {expected.__name__}")
-    if warm_start:
-        selected, dropped = warm_start_rows(kind, rows), {}
-    elif kind == "agent":
-        selected, dropped = grpo.select_rows(rows, parent, config)
-    else:
-        selected, dropped = rwr.select_rows(rows)
+    selected, dropped = select_update_rows(kind, rows, parent, config, warm_start)
     if selected.is_empty():
         since = f" since {table}@{seen_version} (what v{parent} saw)" if seen_version is not None else ""
         why = f"; left out: {dict(dropped)}" if dropped else ""
         raise TrainError(f"{table}@{pool_version} holds no rows to train the {kind} on{since}{why}")
 
     loaded = load_checkpoint(lake, kind, parent, base_model)
+    model, metrics = fit(loaded, selected, dropped, config, base_model, warm_start, progress)
+    version = max(parent, latest_version(lake, kind)) + 1
+    target = checkpoint_dir(lake, kind, version)
+    record = CheckpointRecord(
+        model_kind=kind, version=version, parent_version=parent, base_model=base_model, path=str(target), sha256="",
+        pool_table=table, pool_version=pool_version, config_hash=config_hash(config), seed=config.seed,
+        metrics=metrics,
+    )
+    lineage = {**asdict(record), "config": asdict(config)}
+    lineage.pop("sha256")
+    record.sha256 = save_checkpoint(model, loaded.tokenizer, target, lineage)
+    return record
+
+
+def select_update_rows(kind: str, rows: pl.DataFrame, parent: int, config, warm_start: bool) -> tuple[pl.DataFrame, Counter]:
+    """The rows an update trains on, in training order, and the others counted by why they were left out."""
+    expected = rwr.RWRConfig if warm_start or kind == "env" else grpo.GRPOConfig
+    if not isinstance(config, expected):
+        raise TrainError(f"{'a warm start' if warm_start else kind} training takes a {expected.__name__}")
+    if warm_start:
+        return warm_start_rows(kind, rows), Counter()
+    if kind == "agent":
+        return grpo.select_rows(rows, parent, config)
+    return rwr.select_rows(rows)
+
+
+def fit(loaded: LoadedModel, selected: pl.DataFrame, dropped: Counter, config, base_model: str, warm_start: bool,
+        progress: Progress | None = None) -> tuple[torch.nn.Module, dict]:
+    """Train the parent model on the selected rows: (the trained model, LoRA merged; its metrics). Deterministic
+    on CPU for the same parent, rows, config and seed: replay relies on it."""
     ref = None
     if getattr(config, "beta", 0) or getattr(config, "kl_coef", 0):
         ref = load_model(base_model).model.eval()  # the initial model: version 0 of the lineage
@@ -119,18 +142,16 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
     metrics = trainer.train(selected, progress)
     metrics["rows_left_out"] = dict(dropped)
     metrics["warm_start"] = warm_start
+    return merged(trainer.model), _plain(metrics)
 
-    version = max(parent, latest_version(lake, kind)) + 1
-    target = checkpoint_dir(lake, kind, version)
-    record = CheckpointRecord(
-        model_kind=kind, version=version, parent_version=parent, base_model=base_model, path=str(target), sha256="",
-        pool_table=table, pool_version=pool_version, config_hash=config_hash(config), seed=config.seed,
-        metrics=_plain(metrics),
-    )
-    lineage = {**asdict(record), "config": asdict(config)}
-    lineage.pop("sha256")
-    record.sha256 = save_checkpoint(merged(trainer.model), loaded.tokenizer, target, lineage)
-    return record
+
+def config_from_manifest(kind: str, lineage: dict):
+    """The trainer config a checkpoint was written with (its genenv.json), as the dataclass it came from."""
+    warm_start = lineage.get("metrics", {}).get("warm_start", False)
+    cls = rwr.RWRConfig if warm_start or kind == "env" else grpo.GRPOConfig
+    defaults = cls()
+    values = {k: tuple(v) if isinstance(getattr(defaults, k, None), tuple) else v for k, v in lineage["config"].items()}
+    return cls(**values), warm_start
 
 
 def _plain(metrics: dict) -> dict:

@@ -1,0 +1,231 @@
+"""Audit: where any task or model version came from and what it caused, read from the lake alone.
+
+    audit_task(lake, task_id)             the task's whole life: generation, validation, rollouts, rewards,
+                                          its batch's curriculum score, the pool versions and checkpoints it fed
+    audit_checkpoint(lake, kind, version) parents back to the base model, the pool rows each update trained on
+    audit_epoch(lake, epoch, run_id)      what one epoch of a run generated, scored, quarantined and trained
+
+Every answer is a plain dict (the CLI prints it, `--json` dumps it, the web view renders it). Lookups by
+task id filter scans of the Delta tables (`pl.scan_delta(...).filter(...)`), so Polars prunes files and row
+groups by their task_id statistics instead of reading whole tables; a pool version is found from the refine
+steps' commit records (the step whose watermark first covers a row's source events), not by reading old
+versions of the pool.
+"""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+
+from lake import CHECKPOINTS, D_ENV, D_TRAIN, POOLS, QUARANTINE, CommitRecord, Lake, silver
+from trainers import KINDS, CheckpointError, manifest, registry
+from trainers.update import POOL_OF, SEED_VERSION, new_rows
+
+
+class AuditError(LookupError):
+    """An unknown task, run, epoch or version: one line for the user."""
+
+
+def scan(lake: Lake, table: str) -> pl.LazyFrame:
+    return pl.scan_delta(lake.uri(table))
+
+
+def latest_run(lake: Lake) -> str:
+    """The run whose newest task event is the newest in the lake."""
+    newest = scan(lake, silver("task")).sort("kafka_timestamp").select(pl.col("run_id").last()).collect()
+    if newest.is_empty() or newest.item() is None:
+        raise AuditError(f"no runs in {lake.root} (silver/task is empty)")
+    return newest.item()
+
+
+def runs(lake: Lake) -> list[dict]:
+    """Every run in the lake with its size, newest first."""
+    tasks = scan(lake, silver("task")).group_by("run_id").agg(
+        pl.col("domain").first(), pl.len().alias("tasks"), pl.col("valid").sum().alias("valid"),
+        (pl.col("epoch").max() + 1).alias("epochs"), pl.col("kafka_timestamp").max().alias("last_event_ms"))
+    checkpoints = scan(lake, CHECKPOINTS).group_by("run_id").agg(pl.len().alias("checkpoints"))
+    frame = tasks.join(checkpoints, on="run_id", how="left").with_columns(pl.col("checkpoints").fill_null(0))
+    return frame.sort("last_event_ms", descending=True).collect().to_dicts()
+
+
+# -- tasks ---------------------------------------------------------------------------------------------
+def _covered(record: CommitRecord, topic: str, row: dict) -> bool:
+    parts = record.watermark.get(topic, {}).get(row["kafka_cluster"], {})
+    return parts.get(row["kafka_partition"], -1) >= row["kafka_offset"]
+
+
+def _first_version(history: list[CommitRecord], table: str, sources: list[tuple[str, dict]]) -> int | None:
+    """The version of `table` written by the first refine step that had refined every source event."""
+    for record in history:
+        if all(_covered(record, topic, row) for topic, row in sources):
+            return record.versions.get(table)
+    return None
+
+
+def audit_task(lake: Lake, task_id: str) -> dict:
+    task = scan(lake, silver("task")).filter(pl.col("task_id") == task_id).collect()
+    quarantined = scan(lake, QUARANTINE).filter(pl.col("task_id") == task_id).select(
+        "topic", "kind", "event_id", "reason", "failed_checks").collect().to_dicts()
+    if task.is_empty():
+        if quarantined:
+            return {"task_id": task_id, "task": None, "quarantined": quarantined}
+        raise AuditError(f"no task {task_id!r} in {lake.root} (neither silver/task nor the quarantine holds it)")
+    t = task.row(0, named=True)
+    run_id, epoch = t["run_id"], t["epoch"]
+
+    rollouts = scan(lake, silver("rollout")).filter(pl.col("task_id") == task_id).collect()
+    rewards = scan(lake, silver("reward")).filter(pl.col("task_id") == task_id).collect()
+    joined = rollouts.join(rewards.select("rollout_id", "reward", "success", "checker_detail",
+                                          pl.col("kafka_cluster").alias("r_cluster"), pl.col("kafka_partition").alias("r_partition"),
+                                          pl.col("kafka_offset").alias("r_offset")), on="rollout_id", how="left")
+    batch = (scan(lake, silver("batch")).filter((pl.col("run_id") == run_id) & (pl.col("epoch") == epoch))
+             .filter(pl.col("task_ids").list.contains(task_id)).collect())
+
+    history = CommitRecord.history(lake)
+    task_source = ("genenv.tasks", t)
+    pools = []
+    if batch.height:
+        b = batch.row(0, named=True)
+        version = _first_version(history, D_ENV, [task_source, ("genenv.batches", b)])
+        if version is not None:
+            pools.append({"pool": D_ENV, "first_version": version, "rows": 1})
+    train_versions = []
+    for r in joined.filter(pl.col("reward").is_not_null()).iter_rows(named=True):
+        reward_source = {"kafka_cluster": r["r_cluster"], "kafka_partition": r["r_partition"], "kafka_offset": r["r_offset"]}
+        train_versions.append(_first_version(history, D_TRAIN, [("genenv.rollouts", r), ("genenv.rewards", reward_source)]))
+    train_versions = [v for v in train_versions if v is not None]
+    if train_versions:
+        pools.append({"pool": D_TRAIN, "first_version": min(train_versions), "last_version": max(train_versions),
+                      "rows": len(train_versions)})
+
+    return {
+        "task_id": task_id, "run_id": run_id, "epoch": epoch, "domain": t["domain"], "batch_id": t["batch_id"],
+        "simulator_version": t["env_model_version"], "producer": t["producer"],
+        "simulator_prompt": t["sim_prompt"], "raw_generation": t["raw_generation"],
+        "valid": t["valid"], "invalid_reason": t["invalid_reason"], "task_prompt": t["task_prompt"],
+        "reference": json.loads(t["reference_json"] or "null"), "difficulty": json.loads(t["difficulty_json"] or "{}"),
+        "rollouts": [
+            {"rollout_id": r["rollout_id"], "group_index": r["group_index"], "agent_version": r["agent_model_version"],
+             "completion": r["completion"], "reward": r["reward"], "success": r["success"], "checker_detail": r["checker_detail"]}
+            for r in joined.sort("group_index").iter_rows(named=True)
+        ],
+        "batch": [{k: b[k] for k in ("batch_id", "granularity", "p_hat", "env_reward", "weight", "filtered",
+                                     "n_tasks", "n_rollouts", "n_success")} for b in batch.iter_rows(named=True)],
+        "pools": pools,
+        "checkpoints": _checkpoints_fed(lake, run_id, pools, t["valid"], batch),
+        "quarantined": quarantined,
+    }
+
+
+def _checkpoints_fed(lake: Lake, run_id: str, pools: list[dict], valid: bool, batch: pl.DataFrame) -> list[dict]:
+    """The updates whose new rows included the task's rows: the parent had not seen them, the update's pool version had."""
+    out = []
+    registered = scan(lake, CHECKPOINTS).filter(pl.col("run_id") == run_id).collect()
+    seen_by = {(r["model_kind"], r["version"]): r["pool_version"] for r in registered.iter_rows(named=True)}
+    for pool in pools:
+        kind = "env" if pool["pool"] == D_ENV else "agent"
+        first = pool["first_version"]
+        for c in registered.filter(pl.col("model_kind") == kind).sort("version").iter_rows(named=True):
+            seen = seen_by.get((kind, c["parent_version"]), -1) if c["parent_version"] else -1
+            if seen < first <= c["pool_version"]:
+                used = "trained on"
+                if kind == "env" and (not valid or bool(batch["filtered"].any())):
+                    used = "left out (" + ("invalid" if not valid else "filtered: outside the alpha band") + ")"
+                out.append({"kind": kind, "version": c["version"], "epoch": c["epoch"], "pool_table": c["pool_table"],
+                            "pool_version": c["pool_version"], "sha256": c["sha256"], "use": used})
+    return out
+
+
+# -- checkpoints ---------------------------------------------------------------------------------------
+def audit_checkpoint(lake: Lake, kind: str, version: int) -> dict:
+    if kind not in KINDS:
+        raise AuditError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
+    rows = {r["version"]: r for r in registry(lake, kind).iter_rows(named=True)}
+    if version not in rows:
+        raise AuditError(f"no {kind} checkpoint version {version} in {lake.root}/{CHECKPOINTS} "
+                         f"(registered: {', '.join(map(str, sorted(rows))) or 'none'})")
+    try:
+        base_model = manifest(lake, kind, version)["base_model"]
+    except CheckpointError as exc:
+        base_model = f"unknown ({exc})"
+    chain, v = [], version
+    while v:
+        row = rows.get(v)
+        if row is None:
+            chain.append({"version": v, "missing": f"version {v} is not registered"})
+            break
+        parent = row["parent_version"] or 0
+        seen = rows[parent]["pool_version"] if parent and parent in rows else None
+        trained = new_rows(lake, POOL_OF[kind], row["pool_version"], seen).filter(pl.col("run_id") == row["run_id"])
+        metrics = json.loads(row["metrics_json"] or "{}")
+        key = "rollout_id" if kind == "agent" else "task_id"
+        by_epoch = trained.group_by("epoch").agg(pl.col(key).n_unique().alias("rows"), pl.col("task_id").n_unique().alias("tasks"))
+        chain.append({
+            "version": v, "parent_version": parent, "run_id": row["run_id"], "epoch": row["epoch"],
+            "pool_table": row["pool_table"], "pool_version": row["pool_version"], "parent_pool_version": seen,
+            "warm_start": bool(metrics.get("warm_start")), "sha256": row["sha256"], "config_hash": row["config_hash"],
+            "seed": row["seed"], "path": row["path"],
+            "new_rows_by_epoch": sorted(by_epoch.to_dicts(), key=lambda d: d["epoch"]),
+            "seed_rows": int((trained[f"{'agent' if kind == 'agent' else 'env'}_model_version"] == SEED_VERSION).sum()) if trained.height else 0,
+            "metrics": metrics,
+        })
+        v = parent
+    return {"kind": kind, "version": version, "base_model": base_model, "pool": POOLS[POOL_OF[kind]], "lineage": chain}
+
+
+# -- epochs --------------------------------------------------------------------------------------------
+def audit_epoch(lake: Lake, epoch: int, run_id: str | None = None) -> dict:
+    run_id = run_id or latest_run(lake)
+    of_epoch = (pl.col("run_id") == run_id) & (pl.col("epoch") == epoch)
+    tasks = scan(lake, silver("task")).filter(of_epoch).collect()
+    if tasks.is_empty():
+        known = scan(lake, silver("task")).filter(pl.col("run_id") == run_id).select(pl.col("epoch").unique()).collect()
+        if known.is_empty():
+            raise AuditError(f"no run {run_id!r} in {lake.root}")
+        raise AuditError(f"run {run_id} has no epoch {epoch} (epochs: {', '.join(map(str, sorted(known['epoch'])))})")
+    generated = tasks.filter(pl.col("producer") != "warm-start")
+    rewards = scan(lake, silver("reward")).filter(of_epoch & (pl.col("producer") != "warm-start")).collect()
+    batches = scan(lake, silver("batch")).filter(of_epoch & (pl.col("producer") != "warm-start")).collect()
+    checkpoints = scan(lake, CHECKPOINTS).filter(of_epoch).collect().sort("produced_at")
+    invalid = generated.filter(~pl.col("valid"))
+    return {
+        "run_id": run_id, "epoch": epoch,
+        "tasks_generated": generated.height, "seed_tasks": tasks.height - generated.height,
+        "valid_share": round(generated["valid"].mean(), 4) if generated.height else None,
+        "invalid_by_reason": _counts(invalid["invalid_reason"].to_list()),
+        "quarantine_by_reason": quarantine_of(lake, run_id, epoch, set(tasks["task_id"])),
+        "rollouts_scored": rewards.height,
+        "agent_success_rate": round(rewards["success"].mean(), 4) if rewards.height else None,
+        "batches": batches.height,
+        "share_in_band": round(1 - batches["filtered"].mean(), 4) if batches.height else None,
+        "checkpoints": [{"kind": c["model_kind"], "version": c["version"], "parent_version": c["parent_version"],
+                         "pool_version": c["pool_version"], "sha256": c["sha256"],
+                         "warm_start": bool(json.loads(c["metrics_json"] or "{}").get("warm_start"))}
+                        for c in checkpoints.iter_rows(named=True)],
+    }
+
+
+def quarantine_of(lake: Lake, run_id: str, epoch: int, task_ids: set[str]) -> dict[str, int]:
+    """Quarantined records of one run's epoch by the first check they failed. A record belongs to the epoch
+    when its task does or its raw payload names the run and epoch (a record that is not JSON names neither)."""
+    rows = scan(lake, QUARANTINE).select("task_id", "failed_checks", "raw").collect()
+    reasons = []
+    for row in rows.iter_rows(named=True):
+        mine = row["task_id"] in task_ids
+        if not mine and row["raw"]:
+            try:
+                payload = json.loads(row["raw"])
+                mine = isinstance(payload, dict) and payload.get("run_id") == run_id and payload.get("epoch") == epoch
+            except ValueError:
+                mine = False
+        if mine:
+            reasons.append(row["failed_checks"][0] if row["failed_checks"] else "unknown")
+    return _counts(reasons)
+
+
+def _counts(values: list) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[str(v)] = counts.get(str(v), 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))

@@ -1,0 +1,134 @@
+"""ALFWorld (Shridhar et al., 2021): household text games, played turn by turn through TextWorld.
+
+Each game file (`game.tw-pddl`: a PDDL domain, grammar and problem) is started with `textworld.start` and
+ALFWorld's own wrappers (object names demangled as in ALFWorld's TextWorld env). Every turn the agent sees
+the task, its last few turns, the current observation and the admissible commands, and replies with one
+command. A reply that is not an admissible command is mapped to the closest one (difflib), as ALFWorld
+agents usually constrain their output to the admissible set; the transcript records both. A game is won
+when the env's `won` info turns true within 50 steps. Games are played in lockstep, a batch at a time, so
+each turn is one batched generation. Success is reported overall and per task type (the game folder's
+prefix: pick_and_place_simple, look_at_obj_in_light, pick_clean_then_place_in_recep, pick_heat_..., pick_cool_...,
+pick_two_obj_and_place).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+from .base import Ask, Benchmark, DataMissing, Item, ItemResult, Progress, mean, per_category
+
+MAX_STEPS = 50
+HISTORY = 4  # turns of history shown each step
+BATCH_GAMES = 16  # games played at once (each holds a PDDL env in memory)
+SYSTEM = ("You are playing a household text game. Each turn, reply with exactly one command from the list of "
+          "admissible commands and nothing else.")
+
+
+def textworld_modules():
+    try:
+        import textworld
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+    except ModuleNotFoundError as exc:
+        raise DataMissing(f"alfworld: the {exc.name} package is not installed; `pip install alfworld` "
+                          "(pulls textworld[pddl]; `make install` does)") from None
+    return textworld, AlfredDemangler, AlfredInfos
+
+
+def closest(command: str, admissible: list[str]) -> str:
+    text = command.strip().splitlines()[0].strip().lower() if command.strip() else ""
+    if text in admissible:
+        return text
+    match = difflib.get_close_matches(text, admissible, n=1, cutoff=0.0)
+    return match[0] if match else (admissible[0] if admissible else "look")
+
+
+class Game:
+    """One game being played: its env, what the agent has seen and done."""
+
+    def __init__(self, item: Item, textworld, demangler, infos_wrapper):
+        self.item = item
+        infos = textworld.EnvInfos(won=True, admissible_commands=True)
+        self.env = textworld.start(item.data["path"], request_infos=infos, wrappers=[demangler(), infos_wrapper])
+        state = self.env.reset()
+        intro = state.feedback.strip()
+        self.task = next((line for line in intro.splitlines() if line.startswith("Your task is to")), "")
+        self.observation = intro.split("-=", 2)[-1].split("=-", 1)[-1].strip() if "-=" in intro else intro
+        self.admissible = sorted(state["admissible_commands"] or [])
+        self.turns: list[tuple[str, str]] = []  # (command, observation)
+        self.transcript: list[str] = []
+        self.won = bool(state["won"])
+        self.done = self.won
+
+    def ask(self) -> Ask:
+        history = "\n".join(f"> {c}\n{o}" for c, o in self.turns[-HISTORY:])
+        user = (f"{self.task}\n\n" + (f"Recent turns:\n{history}\n\n" if history else "")
+                + f"Now: {self.observation}\n\nAdmissible commands: {', '.join(self.admissible)}\n\nCommand:")
+        return Ask(SYSTEM, user, max_new_tokens=16, item_id=self.item.item_id, turn=len(self.turns))
+
+    def step(self, reply: str) -> None:
+        command = closest(reply, self.admissible)
+        state, _, done = self.env.step(command)
+        self.transcript.append(command if command == reply.strip() else f"{command} (reply: {reply.strip()[:40]!r})")
+        self.observation = state.feedback.strip()
+        self.turns.append((command, self.observation))
+        self.admissible = sorted(state["admissible_commands"] or [])
+        self.won = bool(state["won"])
+        self.done = self.won or done or len(self.turns) >= MAX_STEPS
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class ALFWorld(Benchmark):
+    name = "alfworld"
+    source = "alfworld/**/game.tw-pddl (ALFWorld json_2.1.1 valid_unseen games); see ../shared/data/README.md"
+    headline = "success"
+    scoring = "won within 50 steps; a reply that is not admissible is mapped to the closest admissible command"
+
+    def load(self, data: Path | None, limit: int | None) -> list[Item]:
+        root = self.file(data, "alfworld")
+        paths = sorted(root.glob("**/game.tw-pddl"))
+        if not paths:
+            raise DataMissing(f"{self.name}: no game.tw-pddl files under {root} ({self.source})")
+        by_type: dict[str, list[Item]] = {}
+        for path in paths:
+            task_type = path.parent.parent.name.split("-")[0]
+            game = json.loads(path.read_text())
+            by_type.setdefault(task_type, []).append(Item(
+                f"alfworld-{path.parent.parent.name}-{path.parent.name}", task_type,
+                {"path": str(path), "walkthrough": list(game.get("walkthrough") or [])}))
+        # Round-robin over task types, so --limit N samples every type.
+        items, queues = [], [list(v) for _, v in sorted(by_type.items())]
+        while any(queues):
+            items += [q.pop(0) for q in queues if q]
+        return items if limit is None else items[:limit]
+
+    def gold(self, item: Item) -> str:
+        return "\n".join(item.data["walkthrough"])
+
+    def run(self, items: list[Item], agent, progress: Progress | None = None) -> list[ItemResult]:
+        textworld, demangler, infos = textworld_modules()
+        results: list[ItemResult] = []
+        for start in range(0, len(items), BATCH_GAMES):
+            games = [Game(item, textworld, demangler, infos) for item in items[start:start + BATCH_GAMES]]
+            try:
+                while not all(g.done for g in games):
+                    playing = [g for g in games if not g.done]
+                    replies = agent.respond([g.ask() for g in playing])
+                    for game, reply in zip(playing, replies):
+                        game.step(reply)
+            finally:
+                for g in games:
+                    g.close()
+            for g in games:
+                results.append(ItemResult(g.item.item_id, g.item.category, " | ".join(g.transcript), float(g.won),
+                                          {"steps": len(g.turns)}, f"{'won' if g.won else 'not won'} in {len(g.turns)} steps"))
+            if progress:
+                progress(len(results), len(items))
+        return results
+
+    def summary(self, results: list[ItemResult]) -> dict[str, float]:
+        return {"success": mean([r.score for r in results]),
+                **{f"success_{t}": v for t, v in per_category(results).items()}, "items": len(results)}

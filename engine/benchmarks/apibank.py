@@ -1,0 +1,93 @@
+"""API-Bank level-1 API calls (Li et al., 2023): given the dialogue and the API descriptions, write the call.
+
+The agent answers `API-Request: [ApiName(key='value', ...)]`. Scoring: name and argument match. API-Bank's
+official metric executes the predicted and the gold call in its API simulator and compares the results; that
+simulator is the Python implementation of each API (apis/*.py in DAMO-ConvAI), which is not part of the data
+here (only init_database/*.json, the simulator's initial state, is), so the calls are compared instead: the
+same API name and the same arguments, string values compared after trimming and lowercasing (API-Bank's
+APIs ignore case in ids and names). A call the simulator would answer identically with differently written
+arguments (e.g. '2023-03-26' vs 'March 26th') counts as wrong here. Arguments are read as literals, never run.
+Items whose own gold call does not read as a literal call are left out and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..domains.toolcall import parse_calls
+from .base import Ask, Benchmark, DataMissing, Item, ItemResult, limited, mean
+
+SYSTEM = "You call APIs for a user. Reply with the API request only."
+REQUEST = re.compile(r"API-Request:\s*(\[.*\])", re.DOTALL)
+SCORING = "name and argument match (API-Bank's API simulator is not in the data; see engine/benchmarks/apibank.py)"
+
+
+def read_call(text: str) -> list[tuple[str, dict]] | str:
+    match = REQUEST.search(text)
+    body = match.group(1) if match else text.strip()
+    return parse_calls(body)
+
+
+def same_value(a, b) -> bool:
+    if isinstance(a, str) and isinstance(b, str):
+        return a.strip().lower() == b.strip().lower()
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        return float(a) == float(b)
+    return a == b
+
+
+class APIBank(Benchmark):
+    name = "api-bank"
+    source = "api-bank/level-1-api.json from AlibabaResearch/DAMO-ConvAI api-bank/test-data; see ../shared/data/README.md"
+    headline = "accuracy"
+    scoring = SCORING
+
+    def load(self, data: Path | None, limit: int | None) -> list[Item]:
+        path = self.file(data, "api-bank/level-1-api.json")
+        try:
+            rows = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise DataMissing(f"{self.name}: {path} is not JSON ({exc})") from None
+        items, self.skipped = [], 0
+        for index, row in enumerate(rows):  # an item's id is its place in the file (API-Bank's ids repeat)
+            gold = read_call(row.get("expected_output", ""))
+            if isinstance(gold, str) or not gold:
+                self.skipped += 1
+                continue
+            api = row["file"].split("-level-")[0].split("-")[0]
+            items.append(Item(f"api-bank-{index}", api, {"instruction": row["instruction"], "input": row["input"],
+                                                              "expected_output": row["expected_output"], "gold": gold}))
+        if not items:
+            raise DataMissing(f"{self.name}: {path} holds no items with a readable expected_output")
+        return limited(items, limit)
+
+    def ask(self, item: Item) -> Ask:
+        return Ask(SYSTEM, f"{item.data['instruction'].strip()}\n\n{item.data['input'].strip()}", max_new_tokens=96)
+
+    def gold(self, item: Item) -> str:
+        return item.data["expected_output"]
+
+    def score(self, item: Item, response: str) -> ItemResult:
+        predicted = read_call(response)
+        if isinstance(predicted, str):
+            return ItemResult(item.item_id, item.category, response, 0.0, detail=f"no readable API request: {predicted}")
+        (gold_name, gold_args), = item.data["gold"][:1]
+        if len(predicted) != 1:
+            return ItemResult(item.item_id, item.category, response, 0.0, detail=f"{len(predicted)} calls, expected one")
+        name, args = predicted[0]
+        if name != gold_name:
+            return ItemResult(item.item_id, item.category, response, 0.0, detail=f"called {name}, expected {gold_name}")
+        if set(args) != set(gold_args):
+            return ItemResult(item.item_id, item.category, response, 0.0,
+                              detail=f"arguments {sorted(args)}, expected {sorted(gold_args)}")
+        wrong = [k for k in gold_args if not same_value(args[k], gold_args[k])]
+        if wrong:
+            return ItemResult(item.item_id, item.category, response, 0.0,
+                              detail=f"{wrong[0]}={args[wrong[0]]!r}, expected {gold_args[wrong[0]]!r}")
+        return ItemResult(item.item_id, item.category, response, 1.0, detail="same call")
+
+    def summary(self, results: list[ItemResult]) -> dict[str, float]:
+        return {"accuracy": mean([r.score for r in results]), "items": len(results),
+                "items_left_out": getattr(self, "skipped", 0)}

@@ -1,0 +1,152 @@
+"""BFCL (Berkeley Function-Calling Leaderboard), its non-live AST categories, scored by bfcl-eval's own checker.
+
+    simple_python, multiple, parallel, parallel_multiple   the answer's calls must match a possible answer
+                                                           (bfcl_eval.eval_checker.ast_eval.ast_checker)
+    irrelevance                                            right when the answer holds no function call
+
+Data: bfcl_eval/data/BFCL_v4_<category>.json and possible_answer/ from the PyPI package bfcl-eval (JSON lines).
+The agent answers in BFCL's prompting format, `[func_name(param=value, ...)]`.
+
+Decoding differs from bfcl-eval's `default_decode_ast_prompting` in one way, on purpose: argument values must
+be Python literals (`ast.literal_eval`). bfcl-eval evaluates arithmetic in arguments with `eval` and reads a
+bare name as its string; generated text is never evaluated here, so such answers count as wrong.
+
+Summary as BFCL computes it (bfcl_eval/eval_checker/eval_runner_helper.py): the non-live AST accuracy is the
+unweighted mean of simple, multiple, parallel and parallel_multiple, where simple is the unweighted mean of
+simple_python, simple_java and simple_javascript; only simple_python is run here, so simple = simple_python.
+Irrelevance is BFCL's separate hallucination measure and is not part of that mean.
+
+Importing the checker: `ast_checker.py` imports `bfcl_eval.constants.model_config` for one lookup (whether a
+provider needs dots in function names turned into underscores), and that module imports every provider's
+handler and SDK. It is imported here with a small stand-in for that one module, naming the only field the
+checker reads (`underscore_to_dot`, false: our agent writes names as BFCL does).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import sys
+import types
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+from ..domains.toolcall import parse_calls
+from .base import Ask, Benchmark, DataMissing, Item, ItemResult, limited, mean, per_category
+
+CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
+AST_CATEGORIES = CATEGORIES[:4]
+MODEL_NAME = "genenv"
+SYSTEM = ("You are an expert in composing functions. You are given a question and a set of possible functions. "
+          "Based on the question, make one or more function calls to achieve the purpose. If none of the functions "
+          "can be used, point it out and make no call. Reply with the calls only, in the format "
+          "[func_name1(param1=value1, param2=value2), func_name2(param=value)] and nothing else.")
+NO_CALL = "None of the given functions can be used for this question."
+
+
+@functools.cache
+def bfcl_checker():
+    """bfcl-eval's `ast_checker` and its Language enum, imported without the provider SDKs (see the module's docstring)."""
+    name = "bfcl_eval.constants.model_config"
+    inserted = name not in sys.modules
+    if inserted:
+        stand_in = types.ModuleType(name)
+        stand_in.MODEL_CONFIG_MAPPING = defaultdict(lambda: SimpleNamespace(underscore_to_dot=False))
+        sys.modules[name] = stand_in
+    try:
+        checker = importlib.import_module("bfcl_eval.eval_checker.ast_eval.ast_checker")
+        enums = importlib.import_module("bfcl_eval.constants.enums")
+    except ModuleNotFoundError as exc:
+        raise DataMissing(f"bfcl: the bfcl-eval package is not installed ({exc.name}); "
+                          "`pip install --no-deps bfcl-eval` (make install does)") from None
+    finally:
+        if inserted:
+            sys.modules.pop(name, None)  # later imports of the real module are not answered by the stand-in
+    return checker.ast_checker, enums.Language.PYTHON
+
+
+def decode(response: str) -> list[dict] | str:
+    """The answer's calls as BFCL's checker takes them ([{name: {param: value}}]), or why they cannot be read."""
+    text = response.strip("`\n ")
+    calls = parse_calls(text)
+    if isinstance(calls, str):
+        return calls
+    return [{name: args} for name, args in calls]
+
+
+def gold_call_text(ground_truth: list[dict]) -> str:
+    """A call list the checker accepts: each parameter's first possible value ("" means it may be left out)."""
+    calls = []
+    for call in ground_truth:
+        (name, params), = call.items()
+        args = {k: v[0] for k, v in params.items() if v and v[0] != ""}
+        calls.append(f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")")
+    return "[" + ", ".join(calls) + "]"
+
+
+class BFCL(Benchmark):
+    name = "bfcl"
+    source = "the PyPI package bfcl-eval ships bfcl_eval/data; `pip install --no-deps bfcl-eval`"
+    headline = "non_live_ast"
+    scoring = "bfcl-eval's ast_checker; arguments read as literals, never evaluated (see engine/benchmarks/bfcl.py)"
+
+    def __init__(self, categories: tuple[str, ...] = CATEGORIES):
+        self.categories = categories
+
+    def data_root(self, data: Path | None) -> Path:
+        """--data may point at a folder holding BFCL_v4_*.json and possible_answer/; default: bfcl-eval's own."""
+        if data is not None and (Path(data) / "possible_answer").is_dir():
+            return Path(data)
+        try:
+            import bfcl_eval
+        except ModuleNotFoundError:
+            raise DataMissing(f"bfcl: no BFCL data: {self.source}") from None
+        return Path(bfcl_eval.__file__).parent / "data"
+
+    def load(self, data: Path | None, limit: int | None) -> list[Item]:
+        root = self.data_root(data)
+        items = []
+        for category in self.categories:
+            questions = self._lines(root / f"BFCL_v4_{category}.json")
+            answers = {} if category == "irrelevance" else {
+                a["id"]: a["ground_truth"] for a in self._lines(root / "possible_answer" / f"BFCL_v4_{category}.json")}
+            chosen = limited([Item(q["id"], category, {"question": q["question"], "functions": q["function"],
+                                                       "ground_truth": answers.get(q["id"])}) for q in questions], limit)
+            items += chosen  # --limit applies per category, so every category is sampled
+        return items
+
+    def _lines(self, path: Path) -> list[dict]:
+        if not path.is_file():
+            raise DataMissing(f"bfcl: {path} does not exist ({self.source})")
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def ask(self, item: Item) -> Ask:
+        turns = [m["content"] for turn in item.data["question"] for m in turn if m.get("role") == "user"]
+        functions = json.dumps(item.data["functions"], indent=None)
+        return Ask(SYSTEM, f"Functions: {functions}\n\nQuestion: {' '.join(turns)}", max_new_tokens=160)
+
+    def gold(self, item: Item) -> str:
+        return NO_CALL if item.category == "irrelevance" else gold_call_text(item.data["ground_truth"])
+
+    def score(self, item: Item, response: str) -> ItemResult:
+        decoded = decode(response)
+        if item.category == "irrelevance":
+            called = not isinstance(decoded, str) and bool(decoded)
+            return ItemResult(item.item_id, item.category, response, float(not called),
+                              detail="made a call where none applies" if called else "no call")
+        if isinstance(decoded, str):
+            return ItemResult(item.item_id, item.category, response, 0.0, detail=f"ast_decoder:decoder_failed: {decoded}")
+        checker, python = bfcl_checker()
+        verdict = checker(item.data["functions"], decoded, item.data["ground_truth"], python, item.category, MODEL_NAME)
+        detail = "valid" if verdict["valid"] else f"{verdict.get('error_type')}: {'; '.join(map(str, verdict.get('error', [])))}"
+        return ItemResult(item.item_id, item.category, response, float(verdict["valid"]), detail=detail[:500])
+
+    def summary(self, results: list[ItemResult]) -> dict[str, float]:
+        by_category = per_category(results)
+        ast = [by_category[c] for c in AST_CATEGORIES if c in by_category]
+        out = {f"accuracy_{c}": v for c, v in by_category.items()}
+        out["non_live_ast"] = mean(ast)
+        out["items"] = len(results)
+        return out

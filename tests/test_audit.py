@@ -1,0 +1,239 @@
+"""Audit and replay of a quick run (tiny models, the real broker and lake): task and checkpoint lineage, epoch
+replay bit for bit, rescoring with a changed checker, one-line errors, and the web view in a real browser."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from engine.domains import Verdict
+from engine.domains.arith import Arith
+from engine.replay import replay_epoch
+from lake import CHECKPOINTS, Lake, read_table, silver
+
+from conftest import ROOT, genenv_cli
+
+
+def run_of(lake: Lake) -> str:
+    return read_table(lake, silver("task"))["run_id"][0]
+
+
+def test_replaying_every_epoch_reproduces_its_checkpoints_bit_for_bit(quick_run):
+    lake, _ = quick_run
+    registered = read_table(lake, CHECKPOINTS).filter(pl.col("run_id") == run_of(lake))
+    assert registered.height >= 3  # warm start (agent, env) and at least one epoch's update
+    replayed = set()
+    for epoch in sorted(set(read_table(lake, silver("task"))["epoch"].to_list())):
+        result = genenv_cli("replay", "--epoch", str(epoch), "--lake", lake.root, "--json", timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+        answer = json.loads(result.stdout[result.stdout.index("{"):])
+        assert answer["ok"]
+        for c in answer["checkpoints"]:
+            assert c["replayed_sha256"] == c["recorded_sha256"], c
+            replayed.add((c["kind"], c["version"]))
+    assert replayed == {(r["model_kind"], r["version"]) for r in registered.iter_rows(named=True)}
+
+
+def test_replay_shows_the_first_difference_when_a_checkpoint_cannot_be_reproduced(quick_run, tmp_path):
+    lake, _ = quick_run
+    copy = tmp_path / "lake"
+    shutil.copytree(lake.root, copy)
+    lineage_file = copy / "checkpoints" / "agent" / "v1" / "genenv.json"  # the warm start's recorded config
+    lineage = json.loads(lineage_file.read_text())
+    lineage["config"]["learning_rate"] *= 10
+    lineage_file.write_text(json.dumps(lineage))
+    result = genenv_cli("replay", "--epoch", "0", "--lake", str(copy), timeout=600)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    said = " ".join(result.stdout.split())  # rich wraps long lines
+    assert "agent v1: DIFFERS" in said and "first differing tensor" in said
+
+
+def test_audit_of_a_task_lists_exactly_the_rollouts_and_rewards_the_lake_holds(quick_run):
+    lake, _ = quick_run
+    tasks = read_table(lake, silver("task")).filter(pl.col("valid") & (pl.col("producer") != "warm-start"))
+    rollouts, rewards = read_table(lake, silver("rollout")), read_table(lake, silver("reward"))
+    batches = read_table(lake, silver("batch"))
+    task_id = tasks.sort("task_id")["task_id"][0]
+    result = genenv_cli("audit", "task", task_id, "--lake", lake.root, "--json")
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+
+    expected = (rollouts.filter(pl.col("task_id") == task_id).join(rewards, on="rollout_id", suffix="_r")
+                .select("rollout_id", "completion", "reward", "success"))
+    got = pl.DataFrame(answer["rollouts"]).select("rollout_id", "completion", "reward", "success")
+    assert got.sort("rollout_id").equals(expected.sort("rollout_id"))
+    batch = batches.filter(pl.col("task_ids").list.contains(task_id))
+    assert [b["p_hat"] for b in answer["batch"]] == batch["p_hat"].to_list()
+    assert answer["raw_generation"] == tasks.filter(pl.col("task_id") == task_id)["raw_generation"][0]
+    assert {p["pool"] for p in answer["pools"]} == {"gold/d_env", "gold/d_train"}
+    assert any(c["kind"] == "agent" and c["use"] == "trained on" for c in answer["checkpoints"])
+
+
+def test_audit_of_checkpoints_and_epochs_follows_the_registry(quick_run):
+    lake, _ = quick_run
+    registered = read_table(lake, CHECKPOINTS).filter(pl.col("model_kind") == "agent")
+    newest = int(registered["version"].max())
+    result = genenv_cli("audit", "checkpoint", "agent", str(newest), "--lake", lake.root, "--json")
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert [v["version"] for v in answer["lineage"]] == list(range(newest, 0, -1))  # back to the base model
+    assert answer["base_model"] == "tiny" and answer["lineage"][-1]["parent_version"] == 0
+    assert answer["lineage"][-1]["warm_start"] and answer["lineage"][-1]["seed_rows"] > 0
+
+    result = genenv_cli("audit", "epoch", "0", "--lake", lake.root, "--json")
+    assert result.returncode == 0, result.stderr
+    epoch = json.loads(result.stdout)
+    tasks = read_table(lake, silver("task")).filter((pl.col("epoch") == 0) & (pl.col("producer") != "warm-start"))
+    assert epoch["tasks_generated"] == tasks.height
+    assert epoch["valid_share"] == pytest.approx(tasks["valid"].mean(), abs=1e-4)
+    assert {(c["kind"], c["version"]) for c in epoch["checkpoints"]} == {
+        (r["model_kind"], r["version"]) for r in read_table(lake, CHECKPOINTS).filter(pl.col("epoch") == 0).iter_rows(named=True)}
+
+
+@pytest.mark.parametrize("args, message", [
+    (("audit", "task", "no-such-task"), "no task 'no-such-task'"),
+    (("audit", "checkpoint", "agent", "99"), "no agent checkpoint version 99"),
+    (("audit", "checkpoint", "critic", "1"), "unknown model kind 'critic'"),
+    (("audit", "epoch", "99"), "has no epoch 99"),
+    (("replay", "--epoch", "99"), "has no epoch 99"),
+    (("audit", "epoch", "0", "--run", "nobody"), "no run 'nobody'"),
+])
+def test_unknown_ids_and_versions_give_one_line_errors(quick_run, args, message):
+    lake, _ = quick_run
+    result = genenv_cli(*args, "--lake", lake.root)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+class ArithThatDislikesEights(Arith):
+    """A deliberately changed checker: any answer containing the digit 8 has its verdict turned around."""
+
+    def check(self, task, answer: str) -> Verdict:
+        verdict = super().check(task, answer)
+        if "8" in answer:
+            return Verdict(1.0 - verdict.reward, not verdict.success, "changed checker")
+        return verdict
+
+
+def test_rescore_with_a_changed_checker_reports_exactly_the_rows_whose_reward_changes(quick_run):
+    lake, _ = quick_run
+    run_id = run_of(lake)
+    result = replay_epoch(lake, 0, run_id, rescore=True, domain=ArithThatDislikesEights(), say=lambda _: None)
+    assert result.ok
+
+    generated = (pl.col("epoch") == 0) & (pl.col("producer") != "warm-start")
+    rollouts = read_table(lake, silver("rollout")).filter(generated)
+    rewards = read_table(lake, silver("reward")).filter(generated)
+    scored = rollouts.join(rewards.select("rollout_id", "reward", "success"), on="rollout_id")
+    expected = set(scored.filter(pl.col("completion").str.contains("8"))["rollout_id"])
+    assert expected, "the quick run's answers contain no 8: pick another changed checker"
+    assert {c.row_id for c in result.changes if c.table == "reward"} == expected
+    assert result.rescored_rollouts == rollouts.height
+
+    # Batches: a group's p_hat changes exactly when its flipped successes change its count of successes.
+    flipped = scored.with_columns(pl.when(pl.col("completion").str.contains("8")).then(~pl.col("success"))
+                                  .otherwise(pl.col("success")).alias("new_success"))
+    batches = read_table(lake, silver("batch")).filter(generated)
+    changed = set()
+    for b in batches.iter_rows(named=True):
+        rows = flipped.filter(pl.col("task_id").is_in(b["task_ids"]))
+        if int(rows["new_success"].sum()) != b["n_success"]:
+            changed.add(b["batch_id"])
+    assert {c.row_id for c in result.changes if c.table == "batch" and c.field == "p_hat"} == changed
+
+
+# -- the web view, in a real headless browser ------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ui_server(quick_run):
+    lake, _ = quick_run
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-m", "engine.cli", "ui", "--lake", lake.root, "--port", str(port)],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"genenv ui did not start: {process.stdout.read()[-2000:]}")
+            time.sleep(0.3)
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def browser():
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver):
+        if os.environ.get("GENENV_REQUIRE_BROWSER"):  # CI installs them: there, a missing browser is a failure
+            pytest.fail("chromium and chromedriver are not installed (Debian packages chromium, chromium-driver)")
+        pytest.skip("chromium and chromedriver are not installed (Debian packages chromium, chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1280,1200"):
+        options.add_argument(flag)
+    session = webdriver.Chrome(service=Service(driver), options=options)
+    yield session
+    session.quit()
+
+
+def test_the_browser_finds_a_task_by_id_and_sees_its_rollouts(quick_run, ui_server, browser):
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def arrive(title: str) -> None:
+        """Wait until the browser shows the page titled `title` (a click navigates asynchronously)."""
+        WebDriverWait(browser, 30, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)).until(
+            lambda b: b.find_element(By.TAG_NAME, "h1").text == title)
+
+    lake, _ = quick_run
+    rollouts = read_table(lake, silver("rollout")).filter(pl.col("producer") != "warm-start")
+    task_id = rollouts.sort("rollout_id")["task_id"][0]
+    expected = sorted(rollouts.filter(pl.col("task_id") == task_id)["rollout_id"].to_list())
+
+    browser.get(ui_server)
+    arrive("genenv runs")
+    assert run_of(lake) in browser.find_element(By.ID, "runs").text
+    browser.find_element(By.ID, "task-search").send_keys(task_id)
+    browser.find_element(By.ID, "find").click()
+    arrive(f"task {task_id}")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#rollouts tr.rollout")
+    assert sorted(row.find_elements(By.TAG_NAME, "td")[0].text for row in rows) == expected
+
+    browser.find_element(By.LINK_TEXT, run_of(lake)).click()  # the run page: epochs, plots, tasks
+    arrive(f"run {run_of(lake)}")
+    assert browser.find_elements(By.CSS_SELECTOR, "#epochs tr")
+    plots = browser.find_elements(By.TAG_NAME, "img")
+    WebDriverWait(browser, 30).until(lambda b: all(b.execute_script("return arguments[0].complete", img) for img in plots))
+    assert len(plots) == 3 and all(browser.execute_script("return arguments[0].naturalWidth", img) > 0 for img in plots)
+    browser.find_element(By.LINK_TEXT, "quarantine").click()
+    arrive("quarantine")
