@@ -30,6 +30,7 @@ bench: install
 	$(BIN)/python tests/bench/ingest.py
 	$(BIN)/python tests/bench/trainers.py
 	$(BIN)/python tests/bench/audit.py
+	$(BIN)/python tests/bench/eval.py
 
 clean:
 	rm -rf $(VENV) genenv-lake

@@ -118,15 +118,15 @@ def replay_epoch(lake: Lake, epoch: int, run_id: str | None = None, scratch: Pat
         rebuilt = Lake(root)
         plans = []
         for c in mine.iter_rows(named=True):
-            kind, pool = c["model_kind"], POOLS[POOL_OF[c["model_kind"]]]
+            pool = POOLS[POOL_OF[c["model_kind"]]]
             parent = c["parent_version"] or 0
-            seen = pool_of_parent.get((kind, parent)) if parent else None
-            plans.append((c, pool, parent, seen, record_at(lake, pool, c["pool_version"]),
-                          record_at(lake, pool, seen) if seen is not None else None))
+            seen = pool_of_parent.get((c["model_kind"], parent)) if parent else None
+            plans.append(Update(c, pool, parent, seen, record_at(lake, pool, c["pool_version"]),
+                                record_at(lake, pool, seen) if seen is not None else None))
 
         # Rebuild step by step, oldest watermark first, remembering the scratch lake's versions after each.
-        steps = sorted({r.seq: r for _, _, _, _, target, parent in plans for r in (target, parent) if r}.values(),
-                       key=lambda r: r.seq)
+        records = [r for plan in plans for r in (plan.read, plan.parent_read) if r is not None]
+        steps = sorted({r.seq: r for r in records}.values(), key=lambda r: r.seq)
         if rescore and not plans:  # nothing to retrain: rebuild the whole log to rescore the epoch
             steps = [CommitRecord.read(lake)]
         after: dict[int, CommitRecord] = {}
@@ -149,8 +149,20 @@ def replay_epoch(lake: Lake, epoch: int, run_id: str | None = None, scratch: Pat
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan, after: dict[int, CommitRecord], phase: Phase) -> ReplayedCheckpoint:
-    c, pool, parent, seen, target, parent_record = plan
+@dataclass
+class Update:
+    """One registered update to redo: its registry row, the pool it read, its parent and what the parent read."""
+
+    row: dict
+    pool: str
+    parent: int
+    seen: int | None  # the pool version the parent was trained on (None: the parent is the base model)
+    read: CommitRecord  # the refine step that wrote the pool version the update read ...
+    parent_read: CommitRecord | None  # ... and the one that wrote the parent's
+
+
+def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[int, CommitRecord], phase: Phase) -> ReplayedCheckpoint:
+    c, pool, parent, seen, target, parent_record = plan.row, plan.pool, plan.parent, plan.seen, plan.read, plan.parent_read
     start = time.perf_counter()
     kind, pool_name = c["model_kind"], POOL_OF[c["model_kind"]]
     lineage = manifest(lake, kind, c["version"])

@@ -12,7 +12,6 @@ Items whose own gold call does not read as a literal call are left out and count
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -46,10 +45,7 @@ class APIBank(Benchmark):
 
     def load(self, data: Path | None, limit: int | None) -> list[Item]:
         path = self.file(data, "api-bank/level-1-api.json")
-        try:
-            rows = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise DataMissing(f"{self.name}: {path} is not JSON ({exc})") from None
+        rows = self.read_json(path)
         items, self.skipped = [], 0
         for index, row in enumerate(rows):  # an item's id is its place in the file (API-Bank's ids repeat)
             gold = read_call(row.get("expected_output", ""))

@@ -7,7 +7,6 @@ exact match (what GenEnv's table reports as accuracy).
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -37,10 +36,7 @@ class Bamboogle(Benchmark):
 
     def load(self, data: Path | None, limit: int | None) -> list[Item]:
         path = self.file(data, "bamboogle/bamboogle.json")
-        try:
-            rows = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise DataMissing(f"{self.name}: {path} is not JSON ({exc})") from None
+        rows = self.read_json(path)
         items = [Item(f"bamboogle-{i}", "two-hop", {"question": r["Question"], "answer": str(r["Answer"])})
                  for i, r in enumerate(rows) if isinstance(r, dict) and "Question" in r and "Answer" in r]
         if not items:

@@ -11,6 +11,7 @@ and a perturbed copy of it must score 0): it is read from the benchmark's own re
 
 from __future__ import annotations
 
+import json
 import re
 import string
 from collections.abc import Callable, Sequence
@@ -84,6 +85,16 @@ class Benchmark:
         return [self.score(item, response) for item, response in zip(items, responses)]
 
     # -- helpers -------------------------------------------------------------------------------------
+    def read_json(self, path: Path, lines: bool = False):
+        """A data file's JSON (with lines=True: JSON lines, as a list), or DataMissing saying what is wrong."""
+        if not path.is_file():
+            raise DataMissing(f"{self.name}: {path} does not exist ({self.source})")
+        try:
+            text = path.read_text()
+            return [json.loads(line) for line in text.splitlines() if line.strip()] if lines else json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataMissing(f"{self.name}: {path} is not {'JSON lines' if lines else 'JSON'} ({exc})") from None
+
     def file(self, data: Path | None, relative: str) -> Path:
         """A data file under --data, or DataMissing naming it and where to get it."""
         if data is None:

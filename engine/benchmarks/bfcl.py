@@ -76,12 +76,31 @@ def decode(response: str) -> list[dict] | str:
     return [{name: args} for name, args in calls]
 
 
-def gold_call_text(ground_truth: list[dict]) -> str:
-    """A call list the checker accepts: each parameter's first possible value ("" means it may be left out)."""
+def first(options: list):
+    """The first possible value that is not "" (which means "may be left out"), or None when there is none."""
+    return next((o for o in options if o != ""), None)
+
+
+def chosen(option):
+    """One value out of a possible answer: dict parameters hold {key: [options]}, lists of them hold such dicts."""
+    if isinstance(option, dict):
+        return {k: chosen(first(v)) for k, v in option.items() if isinstance(v, list) and first(v) is not None}
+    if isinstance(option, list) and option and all(isinstance(x, dict) for x in option):
+        return [chosen(x) for x in option]
+    return option
+
+
+def gold_call_text(ground_truth: list[dict], functions: list[dict]) -> str:
+    """A call list the checker accepts: each parameter's first possible value. A parameter that may be left out
+    ("" among its possibilities) is left out when the function does not require it and either lists "" first
+    or does not declare it (a few possible answers name parameters their function lacks)."""
+    spec = {f["name"]: f.get("parameters", {}) for f in functions}
     calls = []
     for call in ground_truth:
         (name, params), = call.items()
-        args = {k: v[0] for k, v in params.items() if v and v[0] != ""}
+        required, declared = set(spec.get(name, {}).get("required", [])), set(spec.get(name, {}).get("properties", {}))
+        args = {k: chosen(first(v)) for k, v in params.items()
+                if first(v) is not None and (k in required or "" not in v or (v[0] != "" and k in declared))}
         calls.append(f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")")
     return "[" + ", ".join(calls) + "]"
 
@@ -109,18 +128,13 @@ class BFCL(Benchmark):
         root = self.data_root(data)
         items = []
         for category in self.categories:
-            questions = self._lines(root / f"BFCL_v4_{category}.json")
+            questions = self.read_json(root / f"BFCL_v4_{category}.json", lines=True)
             answers = {} if category == "irrelevance" else {
-                a["id"]: a["ground_truth"] for a in self._lines(root / "possible_answer" / f"BFCL_v4_{category}.json")}
+                a["id"]: a["ground_truth"] for a in self.read_json(root / "possible_answer" / f"BFCL_v4_{category}.json", lines=True)}
             chosen = limited([Item(q["id"], category, {"question": q["question"], "functions": q["function"],
                                                        "ground_truth": answers.get(q["id"])}) for q in questions], limit)
             items += chosen  # --limit applies per category, so every category is sampled
         return items
-
-    def _lines(self, path: Path) -> list[dict]:
-        if not path.is_file():
-            raise DataMissing(f"bfcl: {path} does not exist ({self.source})")
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def ask(self, item: Item) -> Ask:
         turns = [m["content"] for turn in item.data["question"] for m in turn if m.get("role") == "user"]
@@ -128,7 +142,7 @@ class BFCL(Benchmark):
         return Ask(SYSTEM, f"Functions: {functions}\n\nQuestion: {' '.join(turns)}", max_new_tokens=160)
 
     def gold(self, item: Item) -> str:
-        return NO_CALL if item.category == "irrelevance" else gold_call_text(item.data["ground_truth"])
+        return NO_CALL if item.category == "irrelevance" else gold_call_text(item.data["ground_truth"], item.data["functions"])
 
     def score(self, item: Item, response: str) -> ItemResult:
         decoded = decode(response)

@@ -296,8 +296,8 @@ class TravelPlanner(Benchmark):
     scoring = "the paper's metrics on each query's reference information (see engine/benchmarks/travelplanner.py)"
 
     def load(self, data: Path | None, limit: int | None) -> list[Item]:
-        queries = self._jsonl(self.file(data, "travelplanner/std_travelplanner.jsonl"))
-        references = self._jsonl(self.file(data, "travelplanner/train_ref_info.jsonl"))
+        queries = self.read_json(self.file(data, "travelplanner/std_travelplanner.jsonl"), lines=True)
+        references = self.read_json(self.file(data, "travelplanner/train_ref_info.jsonl"), lines=True)
         if len(queries) != len(references):
             raise DataMissing(f"{self.name}: {len(queries)} queries but {len(references)} reference records "
                               "(std_travelplanner.jsonl and train_ref_info.jsonl must be line-aligned)")
@@ -309,12 +309,6 @@ class TravelPlanner(Benchmark):
                               {"system": messages["system"], "user": messages["user"], "query": query_text,
                                "reference": reference, "plan": messages["assistant"]}))
         return limited(items, limit)
-
-    def _jsonl(self, path: Path) -> list[dict]:
-        try:
-            return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        except json.JSONDecodeError as exc:
-            raise DataMissing(f"{self.name}: {path} is not JSON lines ({exc})") from None
 
     def ask(self, item: Item) -> Ask:
         return Ask(item.data["system"], item.data["user"], max_new_tokens=1024)
