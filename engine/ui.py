@@ -7,6 +7,7 @@
     /tasks/<id>                 the task's lineage: what `genenv audit task` shows
     /checkpoints/<kind>/<v>     a checkpoint's lineage: what `genenv audit checkpoint` shows
     /quarantine                 quarantined records with their reasons
+    /evals                      offline benchmark results (genenv eval), newest first
 
 Every page reads the lake when it is requested (the answers of engine/audit.py) and writes nothing.
 Generated text is shown escaped (Jinja's autoescape), never interpreted.
@@ -17,9 +18,10 @@ from __future__ import annotations
 import io
 
 import polars as pl
+from deltalake import DeltaTable
 from flask import Flask, abort, redirect, render_template_string, request, send_file, url_for
 
-from lake import QUARANTINE, Lake, quarantine_by_reason, silver
+from lake import EVAL_RESULTS, QUARANTINE, Lake, quarantine_by_reason, silver
 
 from .audit import AuditError, audit_checkpoint, audit_task, runs, scan
 from .config import recorded_run_config
@@ -35,7 +37,7 @@ LAYOUT = """<!doctype html>
  nav a { margin-right: 1rem; } .bad { color: #b00; } .good { color: #070; } img { max-width: 32rem; margin-right: 1rem; }
 </style></head>
 <body>
-<nav><a href="{{ url_for('index') }}">runs</a><a href="{{ url_for('quarantine') }}">quarantine</a>
+<nav><a href="{{ url_for('index') }}">runs</a><a href="{{ url_for('quarantine') }}">quarantine</a><a href="{{ url_for('evals') }}">evals</a>
 <form action="{{ url_for('find_task') }}" method="get" style="display:inline">
  <input id="task-search" name="q" placeholder="task id" size="40" value="{{ query or '' }}"> <button id="find" type="submit">find task</button>
 </form></nav>
@@ -101,6 +103,11 @@ QUARANTINE_PAGE = """<table id="reasons"><tr><th>first failed check</th><th>reco
 <table id="quarantine"><tr><th>topic</th><th>partition/offset</th><th>kind</th><th>event</th><th>task</th><th>reason</th><th>raw (first 200 bytes)</th></tr>
 {% for q in rows %}<tr><td>{{ q.topic }}</td><td>{{ q.kafka_partition }}/{{ q.kafka_offset }}</td><td>{{ q.kind }}</td><td>{{ q.event_id }}</td>
 <td>{% if q.task_id %}<a href="{{ url_for('task_page', task_id=q.task_id) }}">{{ q.task_id }}</a>{% endif %}</td><td>{{ q.reason }}</td><td><pre>{{ q.raw }}</pre></td></tr>{% endfor %}</table>"""
+
+EVALS = """<table id="evals"><tr><th>evaluated at</th><th>model</th><th>version</th><th>benchmark</th><th>metric</th><th>value</th><th>items</th><th>scoring</th></tr>
+{% for e in rows %}<tr><td>{{ e.evaluated_at }}</td><td>{{ e.model }}</td><td>{{ e.model_version }}</td><td>{{ e.benchmark }}</td>
+<td>{{ e.metric }}</td><td>{{ '%.4g' % e.value if e.value is not none else '' }}</td><td>{{ e.items }}</td><td>{{ e.scoring }}</td></tr>
+{% else %}<tr><td colspan="8">no evaluations yet (genenv eval)</td></tr>{% endfor %}</table>"""
 
 PLOTS = ("success", "validation", "difficulty")
 MAX_ROWS = 1000  # rows a list page shows; the rest is a search away
@@ -194,6 +201,13 @@ def create_app(lake: Lake) -> Flask:
         shown = [{**r, "raw": (r["raw"] or b"")[:200].decode("utf-8", "replace")} for r in rows.iter_rows(named=True)]
         reasons = quarantine_by_reason(lake).most_common()
         return page("quarantine", QUARANTINE_PAGE, rows=shown, reasons=reasons)
+
+    @app.get("/evals")
+    def evals():
+        if not DeltaTable.is_deltatable(lake.uri(EVAL_RESULTS)):  # a lake from before the eval tables
+            return page("evals", EVALS, rows=[])
+        rows = scan(lake, EVAL_RESULTS).sort("evaluated_at", descending=True).head(MAX_ROWS).collect().to_dicts()
+        return page("evals", EVALS, rows=rows)
 
     return app
 

@@ -236,3 +236,6 @@ def test_the_browser_finds_a_task_by_id_and_sees_its_rollouts(quick_run, ui_serv
     assert len(plots) == 3 and all(browser.execute_script("return arguments[0].naturalWidth", img) > 0 for img in plots)
     browser.find_element(By.LINK_TEXT, "quarantine").click()
     arrive("quarantine")
+    browser.find_element(By.LINK_TEXT, "evals").click()
+    arrive("evals")
+    assert browser.find_element(By.ID, "evals").text  # "no evaluations yet" or the results
