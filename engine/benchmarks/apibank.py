@@ -19,14 +19,14 @@ from ..domains.toolcall import parse_calls
 from .base import Ask, Benchmark, DataMissing, Item, ItemResult, limited, mean
 
 SYSTEM = "You call APIs for a user. Reply with the API request only."
-REQUEST = re.compile(r"API-Request:\s*(\[.*\])", re.DOTALL)
+REQUEST = re.compile(r"\[\s*[A-Za-z_][\w.]*\(.*?\)\s*\]", re.DOTALL)  # the first bracketed call
 SCORING = "name and argument match (API-Bank's API simulator is not in the data; see engine/benchmarks/apibank.py)"
 
 
 def read_call(text: str) -> list[tuple[str, dict]] | str:
+    """The calls of the first `[Name(...)]` in the text, with or without API-Bank's "API-Request:" before it."""
     match = REQUEST.search(text)
-    body = match.group(1) if match else text.strip()
-    return parse_calls(body)
+    return parse_calls(match.group(0) if match else text.strip())
 
 
 def same_value(a, b) -> bool:
