@@ -410,8 +410,10 @@ def replay(
     scratch: Annotated[Optional[Path], typer.Option(help="Keep the rebuilt lake in this (new) folder (default: a temporary folder, removed).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Rebuild an epoch's silver and gold tables from the bronze log into a scratch lake, retrain its checkpoints
-    from the recorded parents, config and seed, and check their sha256 against the registry (exit 1 if any differs)."""
+    """Replay an epoch: rebuild it from the bronze log, retrain its checkpoints, check their sha256 (exit 1 if any differs).
+
+    The run's bronze records are refined into a scratch lake up to what each update read; each checkpoint is
+    retrained from its recorded parent with the config and seed in its genenv.json."""
     import dataclasses
     import json
 
