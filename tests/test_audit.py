@@ -41,6 +41,11 @@ def test_replaying_every_epoch_reproduces_its_checkpoints_bit_for_bit(quick_run)
             assert c["replayed_sha256"] == c["recorded_sha256"], c
             replayed.add((c["kind"], c["version"]))
     assert replayed == {(r["model_kind"], r["version"]) for r in registered.iter_rows(named=True)}
+    # Among them, GRPO updates that changed the weights (not only warm starts): the replay reproduced real training.
+    sha = {(r["model_kind"], r["version"]): r["sha256"] for r in registered.iter_rows(named=True)}
+    moved = [r for r in registered.iter_rows(named=True)
+             if r["model_kind"] == "agent" and r["parent_version"] and sha[("agent", r["version"])] != sha[("agent", r["parent_version"])]]
+    assert moved, "no GRPO update changed the agent's weights: the replay test would not test training"
 
 
 def test_replay_shows_the_first_difference_when_a_checkpoint_cannot_be_reproduced(quick_run, tmp_path):
