@@ -188,8 +188,11 @@ def run_config_path(lake_root: str, run_id: str) -> Path:
     return Path(lake_root) / "runs" / f"{run_id}.toml"
 
 
-def record_run_config(lake_root: str, run_id: str, config: RunConfig) -> Path:
-    """Write the run's configuration once (a run's workers all call this; the first one writes it)."""
+def record_run_config(lake_root: str, run_id: str, config: RunConfig) -> Path | None:
+    """Write the run's configuration once (a run's workers all call this; the first one writes it). Like
+    checkpoints, it lives under a local lake root; a remote lake gets none (None)."""
+    if "://" in lake_root:
+        return None
     path = run_config_path(lake_root, run_id)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
