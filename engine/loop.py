@@ -103,16 +103,21 @@ class Engine:
         self.history: list[tuple[dict, bool]] = []  # (difficulty, success) of the last epoch, for the simulator
         self.static_tasks: list[GeneratedTask] = []
         self.metrics: list[EpochMetrics] = []
+        self._loaded: dict[str, int] = {}  # the version each role's model in memory is at
         self._load_models()
 
     # -- models -----------------------------------------------------------------------------------
     def _load_models(self) -> None:
+        """Each role's model at its current version; one already loaded at that version is kept (an epoch in which
+        a trainer skipped, or the agent loaded for validation before its checkpoint was published)."""
         cfg = self.config
-        self.agent = self.simulator = None
-        if "agent" in self.roles:
-            self.agent = load_checkpoint(self.lake, "agent", self.agent_version, cfg.agent_model)
-        if "env" in self.roles:
-            self.simulator = load_checkpoint(self.lake, "env", self.env_version, cfg.env_model)
+        for kind, attr, version, base in (("agent", "agent", self.agent_version, cfg.agent_model),
+                                          ("env", "simulator", self.env_version, cfg.env_model)):
+            if kind not in self.roles:
+                setattr(self, attr, None)
+            elif getattr(self, attr, None) is None or self._loaded.get(kind) != version:
+                setattr(self, attr, load_checkpoint(self.lake, kind, version, base))
+                self._loaded[kind] = version
 
     def _backend(self, loaded):
         if self.config.backend == "vllm":
@@ -335,6 +340,7 @@ class Engine:
             return None
         if kind == "agent" and not warm_start:
             self.agent = load_verified(record.path, record.sha256)
+            self._loaded["agent"] = record.version
             self.validated = self.validate()
             record.metrics["validation_accuracy"] = round(self.validated, 4)
         self.writer.publish_checkpoint(record, self.run_id, epoch)

@@ -162,24 +162,24 @@ class Update:
 
 
 def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[int, CommitRecord], phase: Phase) -> ReplayedCheckpoint:
-    c, pool, parent, seen, target, parent_record = plan.row, plan.pool, plan.parent, plan.seen, plan.read, plan.parent_read
+    c = plan.row
     start = time.perf_counter()
     kind, pool_name = c["model_kind"], POOL_OF[c["model_kind"]]
     lineage = manifest(lake, kind, c["version"])
     config, warm_start = config_from_manifest(kind, lineage)
-    version_then = after[target.seq].versions.get(pool, 0)
-    seen_then = after[parent_record.seq].versions.get(pool, 0) if parent_record else None
+    version_then = after[plan.read.seq].versions.get(plan.pool, 0)
+    seen_then = after[plan.parent_read.seq].versions.get(plan.pool, 0) if plan.parent_read else None
     of_run = pl.col("run_id") == run_id
     rows = new_rows(rebuilt, pool_name, version_then, seen_then).filter(of_run)
-    out = ReplayedCheckpoint(kind, c["version"], parent, warm_start, c["pool_version"], version_then, rows.height, c["sha256"])
-    recorded_rows = new_rows(lake, pool_name, c["pool_version"], seen).filter(of_run)
+    out = ReplayedCheckpoint(kind, c["version"], plan.parent, warm_start, c["pool_version"], version_then, rows.height, c["sha256"])
+    recorded_rows = new_rows(lake, pool_name, c["pool_version"], plan.seen).filter(of_run)
     out.first_difference = first_row_difference(recorded_rows, rows, ROW_KEY[pool_name])
     if out.first_difference is None:
-        selected, dropped = select_update_rows(kind, rows, parent, config, warm_start)
-        loaded = load_checkpoint(lake, kind, parent, lineage["base_model"])
+        selected, dropped = select_update_rows(kind, rows, plan.parent, config, warm_start)
+        loaded = load_checkpoint(lake, kind, plan.parent, lineage["base_model"])
         with phase(f"retraining {kind} v{c['version']} on {selected.height} rows") as tick:
             model, _ = fit(loaded, selected, dropped, config, lineage["base_model"], warm_start, tick)
-        folder = Path(rebuilt.root) / "checkpoints" / kind / f"v{c['version']}"
+        folder = checkpoint_dir(rebuilt, kind, c["version"])
         out.replayed_sha256 = save_checkpoint(model, loaded.tokenizer, folder, {**lineage, "path": str(folder)})
         if out.replayed_sha256 != c["sha256"]:
             out.first_difference = (f"sha256 {out.replayed_sha256[:12]}... != recorded {c['sha256'][:12]}...; "

@@ -15,13 +15,14 @@ Generated text is shown escaped (Jinja's autoescape), never interpreted.
 
 from __future__ import annotations
 
+import functools
 import io
 
 import polars as pl
 from deltalake import DeltaTable
 from flask import Flask, abort, redirect, render_template_string, request, send_file, url_for
 
-from lake import EVAL_RESULTS, QUARANTINE, Lake, quarantine_by_reason, silver
+from lake import EVAL_RESULTS, QUARANTINE, VALIDATIONS, Lake, quarantine_by_reason, silver
 
 from .audit import AuditError, audit_checkpoint, audit_task, runs, scan
 from .config import recorded_run_config
@@ -116,6 +117,16 @@ MAX_ROWS = 1000  # rows a list page shows; the rest is a search away
 def create_app(lake: Lake) -> Flask:
     app = Flask("genenv-ui")
 
+    @functools.lru_cache(maxsize=32)
+    def metrics_at(run_id: str, refine_version: int):
+        """A run's per-epoch metrics as of one refine commit: the run page and its three plots ask for the same."""
+        from .streaming import metrics_from_lake
+
+        return metrics_from_lake(lake, run_id)
+
+    def run_metrics(run_id: str):
+        return metrics_at(run_id, lake.version(VALIDATIONS))  # every lake change is a new refine commit
+
     def page(title: str, body: str, **context) -> str:
         return render_template_string(LAYOUT, title=title, body=render_template_string(body, **context),
                                       query=request.args.get("q"))
@@ -126,9 +137,7 @@ def create_app(lake: Lake) -> Flask:
 
     @app.get("/runs/<run_id>")
     def run_page(run_id: str):
-        from .streaming import metrics_from_lake
-
-        metrics = metrics_from_lake(lake, run_id)
+        metrics = run_metrics(run_id)
         tasks = scan(lake, silver("task")).filter(pl.col("run_id") == run_id)
         epochs = sorted(tasks.select(pl.col("epoch").unique()).collect()["epoch"].to_list())
         if not epochs:
@@ -144,11 +153,10 @@ def create_app(lake: Lake) -> Flask:
     @app.get("/runs/<run_id>/plots/<name>.png")
     def plot(run_id: str, name: str):
         from .report import plot_series, plot_success
-        from .streaming import metrics_from_lake
 
         if name not in PLOTS:
             abort(404)
-        metrics = metrics_from_lake(lake, run_id)
+        metrics = run_metrics(run_id)
         try:
             curriculum = recorded_run_config(lake.root, run_id).curriculum
         except ValueError:
