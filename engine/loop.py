@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from lake import Lake
 from streams import BatchScored, RewardScored, RolloutCompleted, TaskGenerated
 from trainers import (
-    RWRConfig, SamplingConfig, TrainError, TransformersBackend, VLLMBackend, load_checkpoint, load_verified, render_prompt,
+    RWRConfig, SamplingConfig, TrainError, TransformersBackend, VLLMBackend, load_checkpoint, load_published, render_prompt,
     train_update,
 )
 from trainers.update import SEED_VERSION
@@ -339,7 +339,7 @@ class Engine:
                 note[kind] = f"skipped: {exc}"
             return None
         if kind == "agent" and not warm_start:
-            self.agent = load_verified(record.path, record.sha256)
+            self.agent = load_published(self.lake, kind, record.version, record.sha256)
             self._loaded["agent"] = record.version
             self.validated = self.validate()
             record.metrics["validation_accuracy"] = round(self.validated, 4)

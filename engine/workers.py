@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from lake import Lake
 from streams import CheckpointPublished, EventProducer, RewardScored, assigned_consumer, decode, ensure_topics
-from trainers import TrainError, latest_version, load_verified, manifest, registry, train_update
+from trainers import TrainError, latest_version, load_published, manifest, registry, train_update
 from trainers.update import POOL_OF, new_rows
 
 from .config import RunConfig
@@ -84,10 +84,10 @@ class Worker:
     def _reload(engine: Engine, event) -> None:
         """Take the weights a CheckpointPublished event names, if they are newer than what the engine holds."""
         if event.model_kind == "agent" and "agent" in engine.roles and event.version > engine.agent_version:
-            engine.agent = load_verified(event.path, event.sha256, f"agent v{event.version}")
+            engine.agent = load_published(engine.lake, "agent", event.version, event.sha256)
             engine.agent_version = event.version
         elif event.model_kind == "env" and "env" in engine.roles and event.version > engine.env_version:
-            engine.simulator = load_verified(event.path, event.sha256, f"env v{event.version}")
+            engine.simulator = load_published(engine.lake, "env", event.version, event.sha256)
             engine.env_version = event.version
 
     # -- roles ------------------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ class Worker:
             except TrainError:
                 continue  # nothing new (or all filtered / too stale) yet
             if engine is not None:
-                engine.agent = load_verified(record.path, record.sha256)
+                engine.agent = load_published(self.lake, kind, record.version, record.sha256)
                 record.metrics["validation_accuracy"] = round(engine.validate(), 4)
             epoch = int(rows["epoch"].max())
             self.publish([CheckpointPublished(

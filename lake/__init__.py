@@ -1,7 +1,9 @@
-"""Delta Lake: tables, exactly-once ingest, Great Expectations suites, pools, snapshots, rebuilds from bronze."""
+"""Delta Lake: tables, exactly-once ingest, Great Expectations suites, pools, snapshots, rebuilds from bronze,
+and the checkpoint registry's rules."""
 
 from .ingest import CommitRecord, IngestConfig, Ingestor, IngestStats, ingest, lag
 from .rebuild import rebuild_to, record_at
+from .registry import WEIGHTS, checkpoint_path, file_sha256, registry_refusal
 from .snapshots import TableVersion, quarantine_by_reason, read_pool, read_table, status, versions
 from .tables import (
     CHECKPOINTS,
@@ -20,8 +22,8 @@ from .tables import (
 )
 
 __all__ = [
-    "CHECKPOINTS", "D_ENV", "D_TRAIN", "EVAL_ITEMS", "EVAL_RESULTS", "POOLS", "QUARANTINE", "SCHEMAS", "VALIDATIONS",
+    "CHECKPOINTS", "D_ENV", "WEIGHTS", "D_TRAIN", "EVAL_ITEMS", "EVAL_RESULTS", "POOLS", "QUARANTINE", "SCHEMAS", "VALIDATIONS",
     "CommitRecord", "IngestConfig", "IngestStats", "Ingestor", "Lake", "LakeError", "TableVersion",
-    "bronze", "ingest", "lag", "quarantine_by_reason", "read_pool", "read_table", "rebuild_to", "record_at", "silver",
+    "bronze", "checkpoint_path", "file_sha256", "ingest", "lag", "quarantine_by_reason", "read_pool", "read_table", "rebuild_to", "record_at", "registry_refusal", "silver",
     "status", "versions",
 ]

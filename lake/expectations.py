@@ -1,20 +1,17 @@
 """Great Expectations suites, one per event kind, and a runner that says which rows failed which check.
 
-A kind's suite checks, over a pandas frame of object columns (so that GX checks
-every value's Python type, not the column's dtype):
+The event contract (types, encoding, ids: streams/events.py `decode`, docs/EVENTS.md) has been enforced
+before a row gets here, so a kind's frame is typed (int64, float64, bool and string columns) and its suite
+checks content only:
 
-- shape:   required fields present (not null) and every field of its declared type
-           (list fields: the list and its items);
-- content: ids unique (a later copy of an id already in the batch or the lake fails),
-           numbers in range (reward and p_hat in [0, 1], counts >= 0),
-           text lengths bounded, and rollouts/rewards referring to known tasks.
+- numbers in range (epoch >= 0, reward and p_hat in [0, 1], counts >= 0, ...);
+- values from a set (granularity, model_kind);
+- text lengths bounded (ids 256 characters, text 200,000);
+- rollouts and rewards refer to a task that has landed.
 
-Range checks carry the row condition `well_typed == True`, so a string where a
-number belongs is reported by the type check instead of breaking the range
-check; one validation run covers both. (Length checks need no condition: GX
-measures non-strings as missing, and the type check reports them.) A
-failing row is named by the checks it failed, in suite order, as
-"<expectation type>(<column>)", e.g. "expect_column_values_to_be_between(reward)".
+A failing row is named by the checks it failed, in suite order, as "<expectation type>(<column>)", e.g.
+"expect_column_values_to_be_between(reward)". An expectation that cannot be evaluated at all raises
+SuiteError; the refine step then splits the micro-batch until the rows that cause it are isolated.
 """
 
 from __future__ import annotations
@@ -28,15 +25,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from streams.events import EVENT_TYPES, field_types, matches_type, required_fields
+from streams.events import EVENT_TYPES, Event, field_types
 
 log = logging.getLogger(__name__)
 
 MAX_ID_CHARS = 256
 MAX_TEXT_CHARS = 200_000
-ITEMS_SUFFIX = "__items_typed"
-DUPLICATE = "duplicate_event_id"  # derived column: True when the id landed before (here or earlier)
-WELL_TYPED = "well_typed"  # derived column: every present value has its declared type
 
 
 # Content rules per kind: (column, min, max) for numbers; allowed values; which kinds refer to tasks.
@@ -55,42 +49,28 @@ VALUE_SETS: dict[str, list[tuple[str, list]]] = {
     "checkpoint": [("model_kind", ["agent", "env"])],
 }
 REFERS_TO_TASK = {"rollout", "reward"}
-ID_COLUMNS = {"event_id", "run_id", "task_id", "batch_id", "rollout_id", "producer", "schema", "domain"}
+ID_COLUMNS = {"event_id", "run_id", "task_id", "batch_id", "rollout_id", "producer", "domain"}
 
 
-@dataclass(frozen=True)
-class FieldSpec:
-    """How one event field is checked."""
-
-    annotation: object  # the declared type, without Optional
-    gx_types: tuple[str, ...]  # type names for ExpectColumnValuesToBeInTypeList
-    exact: tuple[type, ...]  # Python types its JSON values may have (bool is no int here)
-    numpy: str | None  # dtype for a column whose values all have an exact type (GX checks the dtype once)
-
-    @property
-    def is_list(self) -> bool:
-        return self.gx_types == ("list",)
-
-
-_SCALARS = {
-    str: (("str",), (str,), None),
-    int: (("int",), (int,), "int64"),
-    float: (("float", "int"), (float, int), "float64"),
-    bool: (("bool",), (bool,), "bool"),
-}
+_DTYPES = {int: "int64", float: "float64", bool: "bool", str: object}
 
 
 @functools.cache
-def field_specs(kind: str) -> dict[str, FieldSpec]:
-    specs = {}
+def scalar_columns(kind: str) -> dict[str, object]:
+    """The kind's scalar fields and their pandas dtypes (lists are not checked by a suite)."""
+    columns = {}
     for name, annotation in field_types(EVENT_TYPES[kind]).items():
-        if typing.get_origin(annotation) in (types.UnionType, typing.Union):
+        optional = typing.get_origin(annotation) in (types.UnionType, typing.Union)
+        if optional:
             (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
         if typing.get_origin(annotation) is list:
-            specs[name] = FieldSpec(annotation, ("list",), (list,), None)
-        else:
-            specs[name] = FieldSpec(annotation, *_SCALARS[annotation])
-    return specs
+            continue
+        columns[name] = "Int64" if optional and annotation is int else object if optional else _DTYPES[annotation]
+    return columns
+
+
+class SuiteError(RuntimeError):
+    """An expectation could not be evaluated on a frame (not: some rows failed it)."""
 
 
 def check_name(config) -> str:
@@ -112,76 +92,50 @@ class SuiteRunner:
 
     def __init__(self):
         import great_expectations as gx
+        import great_expectations.expectations as gxe
         from great_expectations.data_context.types.base import ProgressBarsConfig
 
         for name in ("great_expectations", "great_expectations.data_context.types.base"):
             logging.getLogger(name).setLevel(logging.ERROR)
-        self.gx = gx
-        import great_expectations.expectations as gxe
-
-        self.gxe = gxe
+        self.gx, self.gxe = gx, gxe
         self.context = gx.get_context(mode="ephemeral")
         self.context.variables.progress_bars = ProgressBarsConfig(globally=False)
-        from great_expectations.expectations.row_conditions import Column
-
-        self.typed_rows = {"row_condition": Column(WELL_TYPED) == True}  # noqa: E712 (a GX condition, not a test)
         source = self.context.data_sources.add_pandas("genenv")
         self.batches = {}
         for kind in EVENT_TYPES:
             asset = source.add_dataframe_asset(kind)
             self.batches[kind] = asset.add_batch_definition_whole_dataframe(f"{kind}-microbatch")
-        self.shape = {kind: self._shape_expectations(kind) for kind in EVENT_TYPES}
+        self.content = {kind: self._content_expectations(kind) for kind in EVENT_TYPES}
 
     # -- suites -------------------------------------------------------------------------------
-    def _shape_expectations(self, kind: str) -> list:
+    def _content_expectations(self, kind: str) -> list:
         gxe = self.gxe
-        cls = EVENT_TYPES[kind]
-        checks = [gxe.ExpectColumnValuesToNotBeNull(column=name) for name in (*required_fields(cls), "event_id", "schema")]
-        for name, spec in field_specs(kind).items():
-            checks.append(gxe.ExpectColumnValuesToBeInTypeList(column=name, type_list=list(spec.gx_types)))
-            if spec.is_list:
-                checks.append(gxe.ExpectColumnValuesToBeInSet(column=name + ITEMS_SUFFIX, value_set=[True]))
+        checks = [gxe.ExpectColumnValuesToBeBetween(column=column, min_value=low, max_value=high)
+                  for column, low, high in RANGES.get(kind, [])]
+        checks += [gxe.ExpectColumnValuesToBeInSet(column=column, value_set=allowed)
+                   for column, allowed in VALUE_SETS.get(kind, [])]
+        for name, dtype in scalar_columns(kind).items():
+            if field_types(EVENT_TYPES[kind])[name] is str:
+                limit = MAX_ID_CHARS if name in ID_COLUMNS else MAX_TEXT_CHARS
+                checks.append(gxe.ExpectColumnValueLengthsToBeBetween(column=name, max_value=limit))
         return checks
 
     def suite(self, kind: str, unknown_task_ids: list[str] | None = None):
-        """The kind's suite for one micro-batch: shape checks, then content checks."""
-        gxe = self.gxe
-        checks = list(self.shape[kind])
-        # Not ExpectColumnValuesToBeUnique: it would also reject the first occurrence, which is legitimate.
-        checks.append(gxe.ExpectColumnValuesToBeInSet(column=DUPLICATE, value_set=[False]))
-        for column, low, high in RANGES.get(kind, []):
-            checks.append(gxe.ExpectColumnValuesToBeBetween(column=column, min_value=low, max_value=high, **self.typed_rows))
-        for column, allowed in VALUE_SETS.get(kind, []):
-            checks.append(gxe.ExpectColumnValuesToBeInSet(column=column, value_set=allowed))
-        for name, spec in field_specs(kind).items():
-            if spec.annotation is str:
-                limit = MAX_ID_CHARS if name in ID_COLUMNS else MAX_TEXT_CHARS
-                checks.append(gxe.ExpectColumnValueLengthsToBeBetween(column=name, max_value=limit))
+        """The kind's suite for one micro-batch: the content checks, and references to tasks."""
+        checks = list(self.content[kind])
         if kind in REFERS_TO_TASK and unknown_task_ids:
             # "Refers to a known task", stated as "is none of this batch's unknown task ids": the same verdicts,
             # with a value set of a few ids instead of every id the lake knows (GX copies it on every access).
-            checks.append(gxe.ExpectColumnValuesToNotBeInSet(column="task_id", value_set=unknown_task_ids))
+            checks.append(self.gxe.ExpectColumnValuesToNotBeInSet(column="task_id", value_set=unknown_task_ids))
         return self.gx.ExpectationSuite(name=f"genenv.{kind}", expectations=checks)
 
     # -- frames -------------------------------------------------------------------------------
     @staticmethod
-    def frame(kind: str, payloads: list[dict], duplicate: list[bool]) -> pd.DataFrame:
-        """Object-typed frame with one column per field (absent -> None) and the derived check columns."""
-        specs = field_specs(kind)
-        columns = {name: [p.get(name) for p in payloads] for name in specs}
-        for name, spec in specs.items():
-            if spec.is_list:
-                columns[name + ITEMS_SUFFIX] = [
-                    matches_type(v, spec.annotation) if isinstance(v, list) else None for v in columns[name]
-                ]
-        columns[WELL_TYPED] = [
-            all(v is None or k not in specs or type(v) in specs[k].exact for k, v in p.items()) for p in payloads
-        ]
-        columns[DUPLICATE] = duplicate
-        frame = pd.DataFrame(columns, dtype=object)
-        for name, spec in specs.items():
-            if spec.numpy and all(type(v) in spec.exact for v in columns[name]):
-                frame[name] = frame[name].astype(spec.numpy)
+    def frame(kind: str, events: list[Event]) -> pd.DataFrame:
+        """A typed frame of the events' scalar fields (decoded events: every value has its field's type)."""
+        columns = scalar_columns(kind)
+        frame = pd.DataFrame({name: pd.Series([getattr(e, name) for e in events], dtype=dtype)
+                              for name, dtype in columns.items()})
         frame.index = pd.RangeIndex(len(frame))
         return frame
 
@@ -197,10 +151,10 @@ class SuiteRunner:
                 continue
             name = check_name(outcome.expectation_config)
             indices = outcome.result.get("unexpected_index_list")
-            if indices is None:  # the expectation itself raised: every row is suspect
+            if indices is None:  # the expectation itself raised
                 messages = {i.get("exception_message") for i in (outcome.exception_info or {}).values()
                             if isinstance(i, dict)} or {str(outcome.exception_info)}
-                raise RuntimeError(f"{name} could not be evaluated: {'; '.join(map(str, messages))}")
+                raise SuiteError(f"{name} could not be evaluated: {'; '.join(map(str, messages))}"[:500])
             verdict.unexpected_counts[name] += len(indices)
             for index in indices:
                 verdict.failed.setdefault(int(index), []).append(name)

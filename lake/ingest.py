@@ -20,9 +20,13 @@ Invariants (the kafka-delta-ingest way, extended to the derived tables):
 4. The refine state is derived from the tables at that point (RefineState.load).
 
 So every record Kafka offers lands once in bronze and once in exactly one of
-silver/<kind> or silver/quarantine, however often the ingestor is killed.
-Memory is bounded by the micro-batch (`max_batch_records`), the rows waiting for
-their task (`max_pending`), and the id index of what has landed.
+silver/<kind> or silver/quarantine (or, a second copy of an event that landed with
+the same content, is counted as a redelivery), however often the ingestor is
+killed. No record can stop a step (lake/refine.py), so a restart never meets a
+bronze row that stopped the last run.
+Memory is bounded by the micro-batch (`max_batch_records`, `max_batch_bytes`; an
+event is at most 1 MiB), the rows waiting for their task (`max_pending`), and the
+id index of what has landed.
 """
 
 from __future__ import annotations
@@ -39,10 +43,11 @@ import polars as pl
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
 
+from streams.events import EVENT_TYPES, content_digest, field_types
 from streams.kafka import ALL_TOPICS, assigned_consumer, cluster_id, ensure_topics, partitions_of
 
 from .refine import RawRecord, Refiner, RefineOutput, RefineState, Watermark, bronze_record, refined
-from .tables import BRONZE_SCHEMA, DERIVED_TABLES, SCHEMAS, VALIDATIONS, Lake, LakeError, bronze
+from .tables import BRONZE_SCHEMA, DERIVED_TABLES, SCHEMAS, VALIDATIONS, Lake, LakeError, bronze, silver
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,7 @@ def app_id(cluster: str, topic: str, partition: int) -> str:
 @dataclass
 class IngestConfig:
     max_batch_records: int = 20_000  # a micro-batch closes at this many records ...
+    max_batch_bytes: int = 64 << 20  # ... or at this many bytes of values ...
     max_batch_ms: int = 1_000  # ... or after this long, whichever comes first
     max_wait_s: float = 30.0  # how long a rollout/reward waits for its task before quarantine
     max_pending: int = 100_000  # how many rows may wait for their task at once
@@ -103,6 +109,7 @@ class CommitRecord:
 class IngestStats:
     records: int = 0
     steps: int = 0
+    redeliveries: int = 0  # second copies of landed events, dropped (lake/refine.py)
     rows: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # by phase
 
@@ -115,7 +122,7 @@ class IngestStats:
             self.seconds[phase] += time.perf_counter() - start
 
     def summary(self) -> dict:
-        return {"records": self.records, "steps": self.steps, "rows": dict(sorted(self.rows.items())),
+        return {"records": self.records, "steps": self.steps, "redeliveries": self.redeliveries, "rows": dict(sorted(self.rows.items())),
                 "seconds": {k: round(v, 2) for k, v in sorted(self.seconds.items())}}
 
 
@@ -131,8 +138,12 @@ def stored_offsets(lake: Lake, cluster: str, topic: str, partitions: list[int]) 
 
 
 class Ingestor:
-    def __init__(self, lake: Lake, bootstrap: str, config: IngestConfig | None = None, runner=None):
+    def __init__(self, lake: Lake, bootstrap: str, config: IngestConfig | None = None, runner=None,
+                 checkpoints_of: Lake | None = None):
+        """`checkpoints_of`: the lake whose checkpoints/ a CheckpointPublished must name (default: `lake`;
+        a rebuild into a scratch lake checks against its source)."""
         self.lake = lake
+        self.checkpoints_of = checkpoints_of or lake
         self.bootstrap = bootstrap
         self.config = config or IngestConfig()
         self.stats = IngestStats()
@@ -166,11 +177,21 @@ class Ingestor:
                 self.lake.restore(name, expected)
         self.record = record
         state = RefineState.load(self.lake, record.watermark)
-        self.refiner = Refiner(state, self._runner, self.config.max_wait_s, self.config.max_pending)
+        self.refiner = Refiner(state, self._runner, self.config.max_wait_s, self.config.max_pending,
+                               landed_digests=self._landed_digests, checkpoint_root=self.checkpoints_of.root)
         gap = self._bronze_past_watermark(record.watermark)
         if gap:
             log.info("refining %d bronze records past the watermark", len(gap))
             self._refine_and_commit(gap)
+
+    def _landed_digests(self, kind: str, event_ids: list[str]) -> dict[str, str]:
+        """The content digests of events that landed in silver/<kind> in earlier steps (duplicates are rare:
+        one pruned scan per micro-batch that has any)."""
+        if not event_ids:
+            return {}
+        fields = list(field_types(EVENT_TYPES[kind]))
+        rows = pl.scan_delta(self.lake.uri(silver(kind))).filter(pl.col("event_id").is_in(event_ids)).select(fields)
+        return {row["event_id"]: content_digest(row) for row in rows.collect().iter_rows(named=True)}
 
     def _bronze_past_watermark(self, watermark: Watermark) -> list[RawRecord]:
         records = []
@@ -184,14 +205,16 @@ class Ingestor:
     def poll_batch(self) -> list[RawRecord]:
         cfg = self.config
         batch: list[RawRecord] = []
+        size = 0
         deadline = time.monotonic() + cfg.max_batch_ms / 1000
-        while len(batch) < cfg.max_batch_records:
+        while len(batch) < cfg.max_batch_records and size < cfg.max_batch_bytes:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0:
                 break
             polled = self.consumer.poll(timeout_ms=remaining_ms, max_records=cfg.max_batch_records - len(batch))
             for tp, messages in polled.items():
                 batch.extend(RawRecord(self.cluster, tp.topic, tp.partition, m.offset, m.timestamp, m.key, m.value) for m in messages)
+                size += sum(len(m.value or b"") for m in messages)
         return batch
 
     def run(self, idle_exit_s: float | None = None, stop=None, on_step=None) -> IngestStats:
@@ -263,15 +286,16 @@ class Ingestor:
             self._write_derived(out, record)
         self.record = record
         self.stats.steps += 1
+        self.stats.redeliveries = self.refiner.redeliveries
 
     def _write_derived(self, out: RefineOutput, record: CommitRecord) -> None:
         for name in DERIVED_TABLES:
             if name == VALIDATIONS:
                 continue
-            rows = out.rows.get(name)
-            if rows:
-                record.versions[name] = self.lake.append(name, pa.Table.from_pylist(rows, SCHEMAS[name]))
-                self.stats.rows[name] += len(rows)
+            rows = out.arrow(name)
+            if rows is not None and rows.num_rows:
+                record.versions[name] = self.lake.append(name, rows)
+                self.stats.rows[name] += rows.num_rows
         # Written last, carrying the record, which must name the version this very commit will get.
         record.versions[VALIDATIONS] += 1
         written = self.lake.append(VALIDATIONS, pa.Table.from_pylist(out.rows[VALIDATIONS], SCHEMAS[VALIDATIONS]),

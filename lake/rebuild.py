@@ -51,5 +51,7 @@ def rebuild_to(source: Lake, scratch: Lake, watermark: Watermark, run_id: str | 
         rows = pl.scan_delta(source.uri(bronze(topic))).filter(wanted).collect()
         if rows.height:
             scratch.append(bronze(topic), rows.sort(["kafka_cluster", "kafka_partition", "kafka_offset"]).to_arrow())
-    Ingestor(scratch, bootstrap="").recover()  # refines what bronze holds past the watermark, as after a crash
+    # Refines what bronze holds past the watermark, as after a crash; checkpoint events are checked against the
+    # source lake's checkpoints (the scratch lake has none).
+    Ingestor(scratch, bootstrap="", checkpoints_of=source).recover()
     return CommitRecord.read(scratch)

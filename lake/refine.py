@@ -10,23 +10,35 @@ Topics are not ordered against each other: a rollout or reward whose task has
 not landed yet waits (at most `max_wait_s` seconds and `max_pending` rows, the
 oldest released first) and is validated when its task lands or its wait ends;
 only then does the reference check send it to quarantine.
+
+No record can stop a step (docs/EVENTS.md): each is decoded on its own (the event contract,
+streams/events.py), a suite that cannot be evaluated on a frame is run on its halves until the rows
+that break it are isolated, and every silver row is proven to fit its Arrow schema before the step
+counts it as landed. What fails goes to silver/quarantine with the reason and the raw bytes; the
+rest of its micro-batch lands. A second copy of a landed event is a redelivery when its content
+(every field but produced_at) is the same, dropped and counted in silver/validations, and a
+conflicting duplicate otherwise, quarantined: the first copy always stays.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 
-from streams.events import EVENT_TYPES, KIND_OF_TOPIC, TOPICS, EventDecodeError, field_types, parse_envelope
+from streams.events import EVENT_TYPES, KIND_OF_TOPIC, TOPICS, Event, EventDecodeError, content_digest, decode
 
-from .expectations import REFERS_TO_TASK, SuiteRunner
-from .tables import CHECKPOINTS, D_ENV, D_TRAIN, QUARANTINE, VALIDATIONS, Lake, silver
+from .expectations import MAX_ID_CHARS, REFERS_TO_TASK, SuiteRunner
+from .registry import registry_refusal
+from .tables import CHECKPOINTS, D_ENV, D_TRAIN, QUARANTINE, SCHEMAS, VALIDATIONS, Lake, silver
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +69,32 @@ class RawRecord:
 @dataclass
 class Parsed:
     record: RawRecord
-    kind: str
-    payload: dict[str, Any]
+    event: Event
     first_seen: float  # seconds since the epoch, when the ingestor first saw it
+
+    @property
+    def kind(self) -> str:
+        return self.event.KIND
 
 
 @dataclass
 class RefineOutput:
     rows: dict[str, list[dict]] = field(default_factory=lambda: defaultdict(list))
+    tables: dict[str, list[pa.Table]] = field(default_factory=lambda: defaultdict(list))  # silver, already converted
 
     def add(self, table: str, row: dict) -> None:
         self.rows[table].append(row)
+
+    def arrow(self, table: str) -> pa.Table | None:
+        """Everything the step writes to `table`, as one Arrow table (None: nothing)."""
+        parts = list(self.tables.get(table, []))
+        if self.rows.get(table):
+            parts.append(pa.Table.from_pylist(self.rows[table], SCHEMAS[table]))
+        return pa.concat_tables(parts) if parts else None
+
+
+# (kind, event ids) -> {event id: content digest} of those that landed in silver in earlier steps.
+LandedDigests = Callable[[str, list[str]], dict[str, str]]
 
 
 @dataclass
@@ -79,6 +106,7 @@ class RefineState:
     rewards_waiting: dict[str, dict] = field(default_factory=dict)  # rollout_id -> silver reward row
     tasks_waiting: dict[str, dict] = field(default_factory=dict)  # task_id -> silver task row
     batches_waiting: dict[str, dict] = field(default_factory=dict)  # task_id -> silver batch row
+    registered: set[tuple[str, int]] = field(default_factory=set)  # (model_kind, version) in the registry
 
     @classmethod
     def load(cls, lake: Lake, watermark: Watermark) -> "RefineState":
@@ -106,6 +134,7 @@ class RefineState:
             state.rewards_waiting[row["rollout_id"]] = row
         for row in waiting(silver("task"), "task_id", D_ENV).iter_rows(named=True):
             state.tasks_waiting[row["task_id"]] = row
+        state.registered = set(frame(CHECKPOINTS, ["model_kind", "version"]).iter_rows())
         in_d_env = set(frame(D_ENV, ["task_id"])["task_id"].to_list())
         for row in scan(silver("batch")).collect().iter_rows(named=True):  # one row per batch: small
             for task_id in row["task_ids"]:
@@ -131,8 +160,13 @@ class RefineState:
             )
             for row in held.iter_rows(named=True):
                 record = bronze_record(row)
-                _, payload = parse_envelope(record.value)
-                state.pending[record.coordinates] = Parsed(record, kind, payload, row["ingested_at"].timestamp())
+                try:
+                    event = decode(record.value)
+                except Exception:  # noqa: BLE001 (it was quarantined, not held; never let it stop a start)
+                    continue
+                if event.event_id in state.seen_ids[kind]:
+                    continue  # a redelivery: dropped when it was refined
+                state.pending[record.coordinates] = Parsed(record, event, row["ingested_at"].timestamp())
         return state
 
 
@@ -149,30 +183,34 @@ def bronze_record(row: dict) -> RawRecord:
     return RawRecord(row["kafka_cluster"], row["topic"], row["kafka_partition"], row["kafka_offset"], row["kafka_timestamp"], row["key"], row["value"])
 
 
-def _silver_row(kind: str, payload: dict, record: RawRecord) -> dict:
-    row = {}
-    for name, annotation in field_types(EVENT_TYPES[kind]).items():
-        value = payload.get(name)
-        if annotation is float and value is not None:
-            value = float(value)
-        elif annotation == list[float] and value is not None:
-            value = [float(v) for v in value]
-        row[name] = value
-    row.update(record.kafka_columns())
-    return row
+def _silver_row(event: Event, record: RawRecord) -> dict:
+    return {**dataclasses.asdict(event), **record.kafka_columns()}
 
 
-def quarantine_row(record: RawRecord, reason: str, checks: list[str], payload: dict | None = None) -> dict:
+def _safe_text(value: Any, limit: int) -> str | None:
+    """A producer's string as a quarantine row can hold it: valid UTF-8 and at most `limit` characters."""
+    if type(value) is not str or not value or len(value) > limit:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return value
+
+
+def quarantine_row(record: RawRecord, reason: str, checks: list[str], payload: dict | Event | None = None) -> dict:
+    """A quarantine row: where the record came from, why, and its raw bytes; ids only where they are safe text."""
+    if isinstance(payload, Event):
+        payload = {"event_id": payload.event_id, "task_id": getattr(payload, "task_id", None)}
     payload = payload or {}
-    kind = KIND_OF_TOPIC.get(record.topic)
     return {
         "topic": record.topic,
         **record.kafka_columns(),
-        "kind": kind,
-        "event_id": payload.get("event_id") if isinstance(payload.get("event_id"), str) else None,
-        "task_id": payload.get("task_id") if isinstance(payload.get("task_id"), str) else None,
-        "reason": reason,
-        "failed_checks": checks,
+        "kind": KIND_OF_TOPIC.get(record.topic),
+        "event_id": _safe_text(payload.get("event_id"), MAX_ID_CHARS),
+        "task_id": _safe_text(payload.get("task_id"), MAX_ID_CHARS),
+        "reason": reason.encode("utf-8", "backslashreplace").decode()[:500],
+        "failed_checks": [c.encode("utf-8", "backslashreplace").decode()[:200] for c in checks],
         "raw": record.value,
     }
 
@@ -201,31 +239,44 @@ def d_env_row(task: dict, batch: dict) -> dict:
 
 
 class Refiner:
-    def __init__(self, state: RefineState, runner: SuiteRunner | None = None,
-                 max_wait_s: float = 30.0, max_pending: int = 100_000):
+    def __init__(self, state: RefineState, runner: SuiteRunner | None = None, max_wait_s: float = 30.0,
+                 max_pending: int = 100_000, landed_digests: LandedDigests | None = None,
+                 checkpoint_root: str | None = None):
         self.state = state
         self.runner = runner or SuiteRunner()
         self.max_wait_s = max_wait_s
         self.max_pending = max_pending
+        self.landed_digests = landed_digests or (lambda kind, ids: {})
+        self.checkpoint_root = checkpoint_root  # the lake whose checkpoints/ folder a CheckpointPublished must name
+        self.redeliveries = 0  # second copies of landed events, dropped
 
     # -- entry points -------------------------------------------------------------------------
     def refine(self, records: list[RawRecord], now: float, seq: int) -> RefineOutput:
         out = RefineOutput()
         by_kind: dict[str, list[Parsed]] = defaultdict(list)
+        refused: Counter = Counter()
         for record in records:
             try:
-                cls, payload = parse_envelope(record.value)
+                event = decode(record.value)
             except EventDecodeError as exc:
-                out.add(QUARANTINE, quarantine_row(record, str(exc)[:500], [exc.check]))
+                out.add(QUARANTINE, quarantine_row(record, str(exc), [exc.check], exc.payload))
+                refused[exc.check.partition(":")[0]] += 1
                 continue
-            if cls.TOPIC != record.topic:
-                reason = f"wrong_topic: a {cls.KIND} event on {record.topic} (expected {cls.TOPIC})"
-                out.add(QUARANTINE, quarantine_row(record, reason, ["wrong_topic"], payload))
+            except Exception as exc:  # noqa: BLE001 (a record must never stop the ingestor; decode has a bug)
+                log.exception("decoding %s failed", record.coordinates)
+                out.add(QUARANTINE, quarantine_row(record, f"decode_error: {exc.__class__.__name__}: {exc}"[:500],
+                                                   ["decode_error"]))
+                refused["decode_error"] += 1
                 continue
-            by_kind[cls.KIND].append(Parsed(record, cls.KIND, payload, now))
+            if event.TOPIC != record.topic:
+                reason = f"wrong_topic: a {event.KIND} event on {record.topic} (expected {event.TOPIC})"
+                out.add(QUARANTINE, quarantine_row(record, reason, ["wrong_topic"], event))
+                refused["wrong_topic"] += 1
+                continue
+            by_kind[event.KIND].append(Parsed(record, event, now))
         decoded = sum(len(v) for v in by_kind.values())
-        out.add(VALIDATIONS, self._validation_row(seq, "envelope", "genenv.envelope", len(records), decoded,
-                                                  {"parse_envelope": len(records) - decoded}, now))
+        out.add(VALIDATIONS, self._validation_row(seq, "envelope", "genenv.contract", len(records), decoded,
+                                                  dict(refused), now))
         for kind in KIND_ORDER:
             ready = by_kind.get(kind, [])
             if kind in REFERS_TO_TASK:
@@ -251,12 +302,11 @@ class Refiner:
         """Rows of `kind` to validate now; the rest wait in state.pending for their task."""
         pending, known = self.state.pending, self.state.known_tasks
         ready = []
-        for coordinates, parsed in list(pending.items()):  # only rows with a str task_id ever wait
-            if parsed.kind == kind and (parsed.payload["task_id"] in known or now - parsed.first_seen > self.max_wait_s):
+        for coordinates, parsed in list(pending.items()):
+            if parsed.kind == kind and (parsed.event.task_id in known or now - parsed.first_seen > self.max_wait_s):
                 ready.append(pending.pop(coordinates))
         for parsed in arriving:
-            task_id = parsed.payload.get("task_id")
-            if isinstance(task_id, str) and task_id not in known:
+            if parsed.event.task_id not in known:
                 pending[parsed.record.coordinates] = parsed
             else:
                 ready.append(parsed)
@@ -268,36 +318,100 @@ class Refiner:
         return ready
 
     def _validate(self, kind: str, rows: list[Parsed], out: RefineOutput, seq: int, now: float) -> None:
-        runner, state = self.runner, self.state
-        seen, in_batch, duplicate = state.seen_ids[kind], set(), []
-        for parsed in rows:
-            event_id = parsed.payload.get("event_id")
-            if not isinstance(event_id, str):  # absent or mistyped (maybe unhashable): the shape checks report it
-                duplicate.append(False)
-                continue
-            duplicate.append(event_id in seen or event_id in in_batch)
-            in_batch.add(event_id)
-        frame = runner.frame(kind, [p.payload for p in rows], duplicate)
+        state = self.state
+        events = [p.event for p in rows]
         unknown = None
         if kind in REFERS_TO_TASK:
-            unknown = sorted({t for t in frame["task_id"] if isinstance(t, str) and t not in state.known_tasks})
-        verdict = runner.run(kind, frame, runner.suite(kind, unknown))
-        failed = verdict.failed
-        passed_rows = []
+            unknown = sorted({e.task_id for e in events if e.task_id not in state.known_tasks})
+        failed, counts = self._verdict(kind, events, unknown)
+
+        # Duplicates, among the rows that passed: the first copy stays; a later one is a redelivery or a conflict.
+        seen = state.seen_ids[kind]
+        passed = [(p, content_digest(dataclasses.asdict(p.event))) for i, p in enumerate(rows) if i not in failed]
+        earlier = self.landed_digests(kind, sorted({p.event.event_id for p, _ in passed if p.event.event_id in seen}))
+        accepted: dict[str, str] = {}  # event id -> digest, of this step
+        landing: list[Parsed] = []
+        for parsed, digest in passed:
+            event = parsed.event
+            first = accepted.get(event.event_id) or earlier.get(event.event_id)
+            if first is not None or event.event_id in seen:
+                if digest == first:
+                    self.redeliveries += 1
+                    counts["redelivery"] += 1
+                else:
+                    reason = "conflicting_duplicate: an event with this event_id and other content landed first"
+                    out.add(QUARANTINE, quarantine_row(parsed.record, reason, ["conflicting_duplicate"], event))
+                    counts["conflicting_duplicate"] += 1
+                continue
+            if kind == "checkpoint":
+                refusal = self._registry_refusal(event)
+                if refusal is not None:
+                    out.add(QUARANTINE, quarantine_row(parsed.record, refusal[1], [refusal[0]], event))
+                    counts[refusal[0]] += 1
+                    continue
+                state.registered.add((event.model_kind, event.version))
+            accepted[event.event_id] = digest
+            landing.append(parsed)
         for i, parsed in enumerate(rows):
             if i in failed:
-                out.add(QUARANTINE, quarantine_row(parsed.record, failed[i][0], failed[i], parsed.payload))
-            else:
-                passed_rows.append(_silver_row(kind, parsed.payload, parsed.record))
-        for row in passed_rows:
-            seen.add(row["event_id"])
-            out.add(silver(kind), row)
-        if kind == "task":
-            state.known_tasks.update(row["task_id"] for row in passed_rows)
-        out.add(VALIDATIONS, self._validation_row(seq, kind, f"genenv.{kind}", len(rows), len(passed_rows),
-                                                  dict(verdict.unexpected_counts), now))
-        self._to_gold(kind, passed_rows, out)
+                reason, checks = failed[i]
+                out.add(QUARANTINE, quarantine_row(parsed.record, reason, checks, parsed.event))
 
+        silver_rows = self._arrow_proof(kind, landing, out, counts)
+        for row in silver_rows:
+            seen.add(row["event_id"])
+        if kind == "task":
+            state.known_tasks.update(row["task_id"] for row in silver_rows)
+        out.add(VALIDATIONS, self._validation_row(seq, kind, f"genenv.{kind}", len(rows), len(silver_rows),
+                                                  dict(counts), now))
+        self._to_gold(kind, silver_rows, out)
+
+    def _verdict(self, kind: str, events: list[Event], unknown: list[str] | None
+                 ) -> tuple[dict[int, tuple[str, list[str]]], Counter]:
+        """Row position -> (reason, failed checks), and counts per check. A suite that cannot be evaluated on
+        the frame is run on each half, down to single rows, so only the rows that break it are refused."""
+        runner = self.runner
+        try:
+            verdict = runner.run(kind, runner.frame(kind, events), runner.suite(kind, unknown))
+        except Exception as exc:  # noqa: BLE001 (SuiteError, or anything pandas/GX raise on a frame)
+            if len(events) == 1:
+                return {0: (f"suite_error: {exc.__class__.__name__}: {exc}"[:500], ["suite_error"])}, Counter(suite_error=1)
+            half = len(events) // 2
+            failed, counts = self._verdict(kind, events[:half], unknown)
+            more, more_counts = self._verdict(kind, events[half:], unknown)
+            failed.update({half + i: v for i, v in more.items()})
+            return failed, counts + more_counts
+        return {i: (checks[0], checks) for i, checks in verdict.failed.items()}, Counter(verdict.unexpected_counts)
+
+    def _registry_refusal(self, event) -> tuple[str, str] | None:
+        if (event.model_kind, event.version) in self.state.registered:
+            return ("registry_version_taken",
+                    f"registry_version_taken: {event.model_kind} v{event.version} is already registered")
+        if self.checkpoint_root is None:
+            return "registry_files", "registry_files: this ingestor has no lake to find checkpoints in"
+        return registry_refusal(self.checkpoint_root, event.model_kind, event.version, event.path, event.sha256)
+
+    @staticmethod
+    def _arrow_proof(kind: str, landing: list[Parsed], out: RefineOutput, counts: Counter) -> list[dict]:
+        """The silver rows of `landing` that convert to the table's Arrow schema (all of them, unless the
+        contract has a hole); the others are quarantined. The converted table is what the step writes."""
+        rows = [_silver_row(p.event, p.record) for p in landing]
+        schema = SCHEMAS[silver(kind)]
+        try:
+            out.tables[silver(kind)].append(pa.Table.from_pylist(rows, schema))
+            return rows
+        except Exception:  # noqa: BLE001 (isolate the rows below)
+            pass
+        kept = []
+        for parsed, row in zip(landing, rows):
+            try:
+                out.tables[silver(kind)].append(pa.Table.from_pylist([row], schema))
+                kept.append(row)
+            except Exception as exc:  # noqa: BLE001
+                reason = f"arrow: {exc.__class__.__name__}: {exc}"[:500]
+                out.add(QUARANTINE, quarantine_row(parsed.record, reason, ["arrow"], parsed.event))
+                counts["arrow"] += 1
+        return kept
     def _to_gold(self, kind: str, rows: list[dict], out: RefineOutput) -> None:
         """Join each new silver row with its partner if it has landed, else leave it waiting for it."""
         state = self.state

@@ -13,14 +13,15 @@ from .events import (
     RewardScored,
     RolloutCompleted,
     TaskGenerated,
+    content_digest,
     decode,
-    parse_envelope,
+    event_class,
 )
 from .kafka import ALL_TOPICS, DEFAULT_PARTITIONS, EventProducer, assigned_consumer, cluster_id, ensure_topics
 
 __all__ = [
     "ALL_TOPICS", "BOOTSTRAP_ENV", "DEFAULT_PARTITIONS", "EVENT_TYPES", "KIND_OF_TOPIC", "SCHEMA_VERSION", "TOPICS",
     "BatchScored", "BrokerError", "CheckpointPublished", "Event", "EventDecodeError", "EventProducer", "LocalBroker",
-    "RewardScored", "RolloutCompleted", "TaskGenerated", "assigned_consumer", "cluster_id", "configured_bootstrap", "decode",
-    "ensure_topics", "kafka_bootstrap", "parse_envelope",
+    "RewardScored", "RolloutCompleted", "TaskGenerated", "assigned_consumer", "cluster_id", "configured_bootstrap", "content_digest",
+    "decode", "ensure_topics", "event_class", "kafka_bootstrap",
 ]

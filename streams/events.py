@@ -9,6 +9,12 @@ Invariants:
 - `event_id` is a hash of the event's identity (kind, run, epoch and its own
   ids), never of its timestamp or free text, so replaying a run yields the same
   ids and duplicates are recognisable.
+- `decode` is the contract (docs/EVENTS.md), enforced here and nowhere else:
+  UTF-8 JSON objects of at most MAX_EVENT_BYTES, no unknown fields, exact
+  types (a bool is not a number), finite floats, 64-bit ints, non-empty ids,
+  and an `event_id` equal to the hash of the identity. Size, encoding and
+  nesting are checked before the JSON parser runs, so no payload can make
+  anything downstream recurse, overflow or fail to encode.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
+import re
 import time
 import types
 import typing
@@ -27,11 +35,13 @@ SCHEMA_VERSION = 1
 
 
 class EventDecodeError(ValueError):
-    """A payload that is not a well-formed genenv event. `check` names what failed."""
+    """A payload that is not a well-formed genenv event. `check` names what failed; `payload` is the parsed
+    JSON object when parsing got that far (so a quarantine row can still name the event's ids)."""
 
-    def __init__(self, check: str, message: str):
+    def __init__(self, check: str, message: str, payload: dict | None = None):
         super().__init__(f"{check}: {message}")
         self.check = check
+        self.payload = payload
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,34 +191,37 @@ def required_fields(cls: type[Event]) -> tuple[str, ...]:
     )
 
 
-def parse_envelope(raw: bytes | str | None) -> tuple[type[Event], dict[str, Any]]:
-    """Parse bytes into (event class, payload dict), checking only JSON and schema.
+# -- the contract (docs/EVENTS.md) ---------------------------------------------------------------------
+# Every rule is checked here, once, before any other code sees the payload; the lake's expectation suites
+# check only content (ranges, value sets, lengths, references), on values whose types this guarantees.
 
-    Field presence and types are left to the caller (the lake checks them with
-    Great Expectations so that a failure is recorded, not raised)."""
-    if raw is None:
-        raise EventDecodeError("not_json", "empty message value")
-    try:
-        payload = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EventDecodeError("not_json", f"value is not JSON ({exc.__class__.__name__}: {exc})") from None
-    if not isinstance(payload, dict):
-        raise EventDecodeError("not_json_object", f"value is a JSON {type(payload).__name__}, not an object")
-    schema = payload.get("schema")
-    if not isinstance(schema, str) or not schema.startswith("genenv.") or "/" not in schema:
-        raise EventDecodeError("unknown_schema", f"missing or malformed schema field {schema!r}")
-    kind, _, version = schema[len("genenv."):].partition("/")
-    if kind not in EVENT_TYPES:
-        raise EventDecodeError("unknown_schema", f"unknown event kind {kind!r} in schema {schema!r}")
-    if version != str(SCHEMA_VERSION):
-        raise EventDecodeError(
-            "unknown_schema", f"unsupported schema version {version!r} in {schema!r} (this build reads /{SCHEMA_VERSION})"
-        )
-    return EVENT_TYPES[kind], payload
+MAX_EVENT_BYTES = 1 << 20  # Kafka's default message.max.bytes: a default cluster refuses larger values anyway
+MAX_OPEN_BRACKETS = 8  # outside strings; an event is one object whose lists hold scalars (3 brackets at most)
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+ID_FIELDS = frozenset({"event_id", "run_id", "task_id", "batch_id", "rollout_id", "model_kind"})
+_STRING_LITERALS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+@functools.cache
+def field_types(cls: type[Event]) -> dict[str, Any]:
+    """Field name -> resolved type annotation, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+@functools.cache
+def required_fields(cls: type[Event]) -> tuple[str, ...]:
+    """Fields a payload must carry: those without a default, and the envelope (schema, event_id)."""
+    own = tuple(f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    return own + ("schema", "event_id")
 
 
 def matches_type(value: Any, annotation: Any) -> bool:
-    """Whether a decoded JSON value has the field's declared type (an int is a float; a bool is not an int)."""
+    """Whether a decoded JSON value has the field's declared type (an int is a float; a bool is neither).
+
+    Not recursive into values: an annotation is a scalar, an optional scalar or a list of scalars."""
     origin = typing.get_origin(annotation)
     if origin in (types.UnionType, typing.Union):
         return any(matches_type(value, arm) for arm in typing.get_args(annotation))
@@ -216,29 +229,121 @@ def matches_type(value: Any, annotation: Any) -> bool:
         return value is None
     if origin is list:
         (item,) = typing.get_args(annotation)
-        return isinstance(value, list) and all(matches_type(v, item) for v in value)
+        return type(value) is list and all(matches_type(v, item) for v in value)
     if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, annotation)
+        return type(value) in (int, float)
+    return type(value) is annotation
+
+
+def _refuse_constant(name: str):
+    raise EventDecodeError("not_finite", f"{name} is not a number JSON allows")
+
+
+def _json_object(raw: bytes | str | None) -> dict[str, Any]:
+    """The payload as a dict, or EventDecodeError: size, encoding and nesting are checked before parsing."""
+    if not raw:
+        raise EventDecodeError("empty", "empty message value")
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
+    if len(data) > MAX_EVENT_BYTES:
+        raise EventDecodeError("too_large", f"{len(data):,} bytes; an event is at most {MAX_EVENT_BYTES:,}")
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise EventDecodeError("not_utf8", "starts with a byte order mark; events are UTF-8 without one")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EventDecodeError("not_utf8", f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    # Counted with string literals removed, in C (a regex and bytes.count): deep nesting never reaches a parser.
+    skeleton = _STRING_LITERALS.sub(b"", data)
+    if skeleton.count(b"{") + skeleton.count(b"[") > MAX_OPEN_BRACKETS:
+        raise EventDecodeError("too_nested", f"more than {MAX_OPEN_BRACKETS} objects or lists; events are flat")
+    try:
+        payload = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:  # unreachable after the count above, kept as the parser's own bound
+        raise EventDecodeError("too_nested", "nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and integers of more than 4,300 digits
+        if isinstance(exc, EventDecodeError):
+            raise
+        raise EventDecodeError("not_json", f"value is not JSON ({exc.__class__.__name__}: {str(exc)[:120]})") from None
+    if type(payload) is not dict:
+        raise EventDecodeError("not_object", f"value is a JSON {type(payload).__name__}, not an object")
+    if _SURROGATE_ESCAPE.search(text):  # escaped surrogates: pairs are fine, a lone one is not text
+        for name, value in payload.items():
+            for item in value if type(value) is list else (name, value):
+                if type(item) is str:
+                    try:
+                        item.encode("utf-8")
+                    except UnicodeEncodeError:
+                        raise EventDecodeError("not_utf8", f"{_shown(name)} holds a lone surrogate") from None
+    return payload
+
+
+def _shown(name: Any) -> str:
+    """A producer-chosen name, safe to put in a message: repr, cut short."""
+    return repr(name)[:40]
+
+
+def event_class(payload: dict[str, Any]) -> type[Event]:
+    """The event class a payload's `schema` names."""
+    schema = payload.get("schema")
+    if type(schema) is not str or not schema.startswith("genenv.") or "/" not in schema:
+        raise EventDecodeError("unknown_schema", f"missing or malformed schema field {_shown(schema)}")
+    kind, _, version = schema[len("genenv."):].partition("/")
+    if kind not in EVENT_TYPES:
+        raise EventDecodeError("unknown_schema", f"unknown event kind {_shown(kind)} in schema {_shown(schema)}")
+    if version != str(SCHEMA_VERSION):
+        raise EventDecodeError("unknown_schema",
+                               f"unsupported schema version {_shown(version)} in {_shown(schema)} (this build reads /{SCHEMA_VERSION})")
+    return EVENT_TYPES[kind]
+
+
+def _check_value(cls: type[Event], name: str, value: Any, annotation: Any) -> Any:
+    """The value as the event holds it (ints in float fields become floats), or EventDecodeError."""
+    if not matches_type(value, annotation):
+        raise EventDecodeError(f"type:{name}", f"{cls.__name__}.{name} = {repr(value)[:60]} is not {annotation}")
+    items = value if type(value) is list else (value,)
+    if annotation is float or annotation == list[float]:
+        try:
+            converted = [float(v) for v in items]
+        except OverflowError:
+            raise EventDecodeError(f"not_finite:{name}", f"{cls.__name__}.{name} is too large for a float") from None
+        if not all(math.isfinite(v) for v in converted):
+            raise EventDecodeError(f"not_finite:{name}", f"{cls.__name__}.{name} is not finite")
+        return converted if type(value) is list else converted[0]
+    if any(type(item) is int and not INT64_MIN <= item <= INT64_MAX for item in items):
+        raise EventDecodeError(f"int_range:{name}", f"{cls.__name__}.{name} is outside the 64-bit integer range")
+    if name in ID_FIELDS and value == "":
+        raise EventDecodeError(f"empty_id:{name}", f"{cls.__name__}.{name} is empty")
+    return value
 
 
 def decode(raw: bytes | str | None) -> Event:
-    """Strict decoding into a typed event; raises EventDecodeError naming the first problem."""
-    cls, payload = parse_envelope(raw)
+    """A typed event from a Kafka value, or EventDecodeError naming the first rule it breaks (docs/EVENTS.md)."""
+    payload = _json_object(raw)
+    try:
+        return _typed_event(payload)
+    except EventDecodeError as exc:
+        exc.payload = payload
+        raise
+
+
+def _typed_event(payload: dict[str, Any]) -> Event:
+    cls = event_class(payload)
     hints = field_types(cls)
+    for name in payload:
+        if name not in hints:
+            raise EventDecodeError("unknown_field", f"{cls.__name__} has no field {_shown(name)}")
     for name in required_fields(cls):
         if name not in payload:
             raise EventDecodeError(f"missing_field:{name}", f"{cls.__name__} has no {name!r}")
-    for name, value in payload.items():
-        if name not in hints:
-            raise EventDecodeError(f"unknown_field:{name}", f"{cls.__name__} has no field {name!r}")
-        if not matches_type(value, hints[name]):
-            raise EventDecodeError(f"type:{name}", f"{cls.__name__}.{name} = {value!r:.60} is not {hints[name]}")
-    event_id = payload.pop("event_id", "")
-    payload.pop("schema", None)
-    event = cls(**payload)
-    if event_id and event_id != event.event_id:
-        raise EventDecodeError("event_id", f"event_id {event_id!r} does not match the event's identity")
+    values = {name: _check_value(cls, name, value, hints[name]) for name, value in payload.items()}
+    values.pop("schema")
+    event = cls(**values)
+    if event.identity_hash() != event.event_id:
+        raise EventDecodeError("event_id", f"event_id {_shown(event.event_id)} is not the hash of the event's identity")
     return event
+
+
+def content_digest(fields: dict[str, Any]) -> str:
+    """What tells a redelivery from a conflicting duplicate: every field but the time it was produced."""
+    content = {k: v for k, v in fields.items() if k != "produced_at"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

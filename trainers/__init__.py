@@ -1,7 +1,8 @@
 """Models, generation with logprobs, GRPO for the agent, RWR for the simulator, checkpoints with lineage."""
 
 from .checkpoints import (
-    KINDS, CheckpointError, CheckpointRecord, latest_version, load_checkpoint, load_verified, manifest, registered, registry,
+    KINDS, CheckpointError, CheckpointRecord, latest_version, load_checkpoint, load_published, load_verified,
+    manifest, registered, registry,
 )
 from .generation import Generation, SamplingConfig, TransformersBackend, VLLMBackend, render_prompt, sequence_logprobs, vllm_available
 from .grpo import GRPOConfig, GRPOTrainer
@@ -14,7 +15,7 @@ __all__ = [
     "BUILTINS", "KINDS", "POOL_OF", "CheckpointError", "CheckpointRecord", "GRPOConfig", "GRPOLossConfig", "GRPOTrainer",
     "Generation", "LoadedModel", "ModelNotFound", "RWRConfig", "RWRTrainer", "SamplingConfig", "TrainError",
     "TransformersBackend", "VLLMBackend", "config_from_manifest", "default_config", "fit", "group_advantages", "grpo_loss", "latest_version",
-    "load_checkpoint", "load_model", "load_verified", "manifest", "new_rows", "registered", "registry", "render_prompt", "rwr_loss",
+    "load_checkpoint", "load_model", "load_published", "load_verified", "manifest", "new_rows", "registered", "registry", "render_prompt", "rwr_loss",
     "rwr_weights", "select_update_rows",
     "sequence_logprobs", "train_update", "vllm_available",
 ]

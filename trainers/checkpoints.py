@@ -6,10 +6,11 @@
 
 Invariants:
 - A checkpoint folder appears whole or not at all: it is written beside its final name, then renamed.
-- Its sha256 is that of model.safetensors. On CPU the same parent, pool version, config and seed give
+- Its sha256 is that of model.safetensors; its event names it by the lake-relative path (lake/registry.py). On CPU the same parent, pool version, config and seed give
   the same bytes, so the hash identifies the training, not only the file.
 - The record of a checkpoint is its row in registry/checkpoints (from its CheckpointPublished event,
-  through ingest); loading by version looks the row up and refuses a file whose hash differs.
+  through ingest, which registers one row per (kind, version) and only for files that exist with that
+  hash); loading by version looks the row up and refuses a file whose hash differs.
 - A checkpoint is found by (lake, kind, version), not by the absolute path its row records, so a lake
   that is copied or moved with its checkpoints/ folder stays whole.
 - Version 0 of each kind is the base model itself, named in every checkpoint's lineage; it has no folder.
@@ -25,12 +26,11 @@ from pathlib import Path
 
 import polars as pl
 
-from lake import CHECKPOINTS, Lake, read_table
+from lake import CHECKPOINTS, WEIGHTS, Lake, checkpoint_path, file_sha256, read_table
 
 from .models import LoadedModel, load_model
 
 KINDS = ("agent", "env")
-WEIGHTS = "model.safetensors"
 MANIFEST = "genenv.json"
 
 
@@ -46,7 +46,7 @@ class CheckpointRecord:
     version: int
     parent_version: int | None
     base_model: str
-    path: str
+    path: str  # relative to the lake root: checkpoints/<kind>/v<version>
     sha256: str
     pool_table: str
     pool_version: int
@@ -64,15 +64,7 @@ class CheckpointRecord:
 def checkpoint_dir(lake: Lake, kind: str, version: int) -> Path:
     if "://" in lake.root:
         raise CheckpointError(f"checkpoints are written under a local lake root, not {lake.root}")
-    return Path(lake.root) / "checkpoints" / kind / f"v{version}"
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return Path(lake.root) / checkpoint_path(kind, version)
 
 
 def config_hash(config) -> str:
@@ -94,11 +86,12 @@ def save_checkpoint(model, tokenizer, target: Path, manifest: dict) -> str:
 
 
 def registry(lake: Lake, kind: str) -> pl.DataFrame:
-    """The registered checkpoints of one kind, one row per version (the last published wins), oldest first."""
+    """The registered checkpoints of one kind, one row per version, oldest first (the ingest registers the first
+    event that proves its files and quarantines later ones for the same version; lakes from before kept both)."""
     if kind not in KINDS:
         raise CheckpointError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
     rows = read_table(lake, CHECKPOINTS).filter(pl.col("model_kind") == kind)
-    return rows.unique("version", keep="last", maintain_order=True).sort("version")
+    return rows.unique("version", keep="first", maintain_order=True).sort("version")
 
 
 def latest_version(lake: Lake, kind: str) -> int:
@@ -135,7 +128,13 @@ def load_checkpoint(lake: Lake, kind: str, version: int, base_model: str | None 
     return load_verified(checkpoint_dir(lake, kind, version), row["sha256"], f"{kind} checkpoint version {version}")
 
 
-def load_verified(path: str, sha256: str, what: str = "checkpoint") -> LoadedModel:
+def load_published(lake: Lake, kind: str, version: int, sha256: str) -> LoadedModel:
+    """Load the checkpoint a CheckpointPublished names, found by (kind, version) in the lake, never by the path the
+    event carries (an event read straight from Kafka has not been through the registry's checks)."""
+    return load_verified(checkpoint_dir(lake, kind, version), sha256, f"{kind} checkpoint version {version}")
+
+
+def load_verified(path: str | Path, sha256: str, what: str = "checkpoint") -> LoadedModel:
     """Load a checkpoint folder after checking its weights against `sha256` (as a CheckpointPublished event carries it)."""
     weights = Path(path) / WEIGHTS
     if not weights.is_file():

@@ -20,7 +20,7 @@ from dataclasses import asdict
 import polars as pl
 import torch
 
-from lake import POOLS, Lake, read_pool
+from lake import POOLS, Lake, checkpoint_path, read_pool
 
 from . import grpo, rwr
 from .checkpoints import (
@@ -105,7 +105,8 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
     version = max(parent, latest_version(lake, kind)) + 1
     target = checkpoint_dir(lake, kind, version)
     record = CheckpointRecord(
-        model_kind=kind, version=version, parent_version=parent, base_model=base_model, path=str(target), sha256="",
+        model_kind=kind, version=version, parent_version=parent, base_model=base_model,
+        path=checkpoint_path(kind, version), sha256="",
         pool_table=table, pool_version=pool_version, config_hash=config_hash(config), seed=config.seed,
         metrics=metrics,
     )
