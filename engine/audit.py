@@ -19,6 +19,7 @@ import json
 import polars as pl
 
 from lake import CHECKPOINTS, D_ENV, D_TRAIN, POOLS, QUARANTINE, CommitRecord, Lake, silver
+from streams import payload_of
 from trainers import KINDS, CheckpointError, manifest, registry
 from trainers.update import POOL_OF, SEED_VERSION, new_rows
 
@@ -104,7 +105,7 @@ def audit_task(lake: Lake, task_id: str) -> dict:
         "simulator_version": t["env_model_version"], "producer": t["producer"],
         "simulator_prompt": t["sim_prompt"], "raw_generation": t["raw_generation"],
         "valid": t["valid"], "invalid_reason": t["invalid_reason"], "task_prompt": t["task_prompt"],
-        "reference": json.loads(t["reference_json"] or "null"), "difficulty": json.loads(t["difficulty_json"] or "{}"),
+        "reference": json_or_text(t["reference_json"]), "difficulty": json_or_text(t["difficulty_json"]),
         "rollouts": [
             {"rollout_id": r["rollout_id"], "group_index": r["group_index"], "agent_version": r["agent_model_version"],
              "completion": r["completion"], "reward": r["reward"], "success": r["success"], "checker_detail": r["checker_detail"]}
@@ -158,7 +159,7 @@ def audit_checkpoint(lake: Lake, kind: str, version: int) -> dict:
         parent = row["parent_version"] or 0
         seen = rows[parent]["pool_version"] if parent and parent in rows else None
         trained = new_rows(lake, POOL_OF[kind], row["pool_version"], seen).filter(pl.col("run_id") == row["run_id"])
-        metrics = json.loads(row["metrics_json"] or "{}")
+        metrics = json_object(row["metrics_json"])
         key = "rollout_id" if kind == "agent" else "task_id"
         by_epoch = trained.group_by("epoch").agg(pl.col(key).n_unique().alias("rows"), pl.col("task_id").n_unique().alias("tasks"))
         chain.append({
@@ -201,7 +202,7 @@ def audit_epoch(lake: Lake, epoch: int, run_id: str | None = None) -> dict:
         "share_in_band": round(1 - batches["filtered"].mean(), 4) if batches.height else None,
         "checkpoints": [{"kind": c["model_kind"], "version": c["version"], "parent_version": c["parent_version"],
                          "pool_version": c["pool_version"], "sha256": c["sha256"],
-                         "warm_start": bool(json.loads(c["metrics_json"] or "{}").get("warm_start"))}
+                         "warm_start": bool(json_object(c["metrics_json"]).get("warm_start"))}
                         for c in checkpoints.iter_rows(named=True)],
     }
 
@@ -214,14 +215,33 @@ def quarantine_of(lake: Lake, run_id: str, epoch: int, task_ids: set[str]) -> di
     for row in rows.iter_rows(named=True):
         mine = row["task_id"] in task_ids
         if not mine and row["raw"]:
-            try:
-                payload = json.loads(row["raw"])
-                mine = isinstance(payload, dict) and payload.get("run_id") == run_id and payload.get("epoch") == epoch
-            except ValueError:
-                mine = False
+            payload = payload_of(row["raw"]) or {}
+            mine = payload.get("run_id") == run_id and type(payload.get("epoch")) is int and payload["epoch"] == epoch
         if mine:
             reasons.append(row["failed_checks"][0] if row["failed_checks"] else "unknown")
     return _counts(reasons)
+
+
+MAX_SHOWN_BRACKETS = 200
+
+
+def json_or_text(raw: str | None):
+    """A JSON field a producer wrote (reference, difficulty): its value, or the text itself when it is not JSON
+    or nests deeper than anything a domain writes (so no reader or template recurses on it)."""
+    if raw is None:
+        return None
+    if raw.count("[") + raw.count("{") > MAX_SHOWN_BRACKETS:
+        return raw
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return raw
+
+
+def json_object(raw: str | None) -> dict:
+    """A JSON object field (metrics): its value, or {} when it is not a JSON object."""
+    value = json_or_text(raw)
+    return value if isinstance(value, dict) else {}
 
 
 def _counts(values: list) -> dict[str, int]:

@@ -13,11 +13,14 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from lake import IngestConfig, Lake, LakeError, quarantine_by_reason, status, versions
 from lake import ingest as run_ingest
-from streams import BOOTSTRAP_ENV, BrokerError, LocalBroker, ensure_topics, kafka_bootstrap
+from streams import (
+    BOOTSTRAP_ENV, BrokerError, LocalBroker, configured_bootstrap, ensure_topics, kafka_bootstrap, require_broker,
+)
 
 app = typer.Typer(help="GenEnv: co-evolving agents and environment simulators, as an event-sourced curriculum engine.",
                   no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_enable=False)
@@ -42,6 +45,7 @@ class UserError(Exception):
 @app.command()
 def broker(port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: a free one).")] = 0) -> None:
     """Run a local Kafka-compatible broker (Tansu) in the foreground and print its address."""
+    _check_port(port, allow_zero=True)
     with LocalBroker(port or None) as local:
         ensure_topics(local.bootstrap)
         console.print(f"broker listening on [bold]{local.bootstrap}[/] (export {BOOTSTRAP_ENV}={local.bootstrap}); Ctrl-C stops it")
@@ -64,8 +68,11 @@ def ingest(
     config = IngestConfig(max_batch_records=max_batch_records, max_batch_ms=max_batch_ms, max_wait_s=max_wait,
                           partitions=partitions)
     _check_positive(max_batch_records=max_batch_records, max_batch_ms=max_batch_ms, partitions=partitions)
-    lake_ = Lake(lake)
+    _check_non_negative(max_wait=max_wait, idle_exit=idle_exit)
+    _check_lake_path(lake)
     with kafka_bootstrap(bootstrap) as servers, console.status("ingesting") as spinner:
+        lake_ = Lake(lake)  # created once the broker answers: a bad invocation leaves nothing behind
+
         def progress(stats):
             spinner.update(f"ingested {stats.records:,} records in {stats.steps} steps")
 
@@ -132,10 +139,11 @@ def run(
         cfg = load_config(profile, config, flags + list(set_))
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    lake_ = Lake(lake)
-    console.print(f"{'async' if streaming else 'sync'} run: {cfg.domain}, {cfg.mode}, agent {cfg.agent_model}, "
-                  f"simulator {cfg.env_model}, {cfg.epochs} epochs, lake {lake_.root}")
+    _check_lake_path(lake)
     with kafka_bootstrap(bootstrap) as servers, _phases() as phase:
+        lake_ = Lake(lake)
+        console.print(f"{'async' if streaming else 'sync'} run: {cfg.domain}, {cfg.mode}, agent {cfg.agent_model}, "
+                      f"simulator {cfg.env_model}, {cfg.epochs} epochs, lake {lake_.root}")
         if streaming:
             from engine.streaming import metrics_from_lake, run_async
 
@@ -192,9 +200,10 @@ def ablation(
         cfg = load_config(profile, config, [f"domain={domain}", *set_])
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    lake_ = Lake(lake)
-    folder = out or Path(lake_.root) / "reports" / f"ablation-{cfg.domain}"
+    _check_lake_path(lake)
     with kafka_bootstrap(bootstrap) as servers, _phases() as phase:
+        lake_ = Lake(lake)
+        folder = out or Path(lake_.root) / "reports" / f"ablation-{cfg.domain}"
         table = run_ablation(cfg, seeds, lake_, servers, folder, say=console.print, phase=phase)
     summary = Table(title=f"ablation: {cfg.domain}, {seeds} seeds")
     for column in ("mode", "final validation (mean ± sd)", "gain", "in band"):
@@ -255,6 +264,8 @@ def train(
     except OverrideError as exc:
         raise UserError(str(exc)) from None
     lake_ = Lake(lake, create=False)
+    if configured_bootstrap(bootstrap):
+        require_broker(configured_bootstrap(bootstrap))  # before training: its checkpoint must be publishable
     with _phases() as phase, phase(f"training {kind}") as tick:
         try:
             record = train_update(kind, lake_, config, base_model=model, pool_version=pool_version, parent_version=parent,
@@ -283,9 +294,13 @@ def ui(
     lineage, the quarantine with reasons. Ctrl-C stops it."""
     from engine.ui import serve
 
+    _check_port(port)
     lake_ = Lake(lake, create=False)
     console.print(f"genenv ui for {lake_.root} on [bold]http://{host}:{port}/[/] (read only; Ctrl-C stops it)")
-    serve(lake_, host, port)
+    try:
+        serve(lake_, host, port)
+    except OSError as exc:  # the address is taken, or not this machine's
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 @app.command("eval")
@@ -307,6 +322,7 @@ def eval_(
     _check_positive(batch_size=batch_size)
     if data is not None and not data.is_dir():
         raise UserError(f"--data {data} is not a folder")
+    _check_lake_path(lake)
     try:
         names = benchmark_names(benchmark)
         # Every benchmark's data is read before any model is loaded: a missing file stops here.
@@ -420,6 +436,8 @@ def replay(
     from engine.replay import ReplayError, replay_epoch
     from trainers import CheckpointError
 
+    if scratch is not None and scratch.exists() and not scratch.is_dir():
+        raise UserError(f"--scratch {scratch} is a file; name a new folder")
     lake_ = Lake(lake, create=False)
     try:
         with _phases() as phase:
@@ -476,6 +494,29 @@ def _check_positive(**values: int) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
+def _check_non_negative(**values: float | None) -> None:
+    for name, value in values.items():
+        if value is not None and not value >= 0:  # `not >=` also refuses NaN
+            raise UserError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+
+
+def _check_port(port: int, allow_zero: bool = False) -> None:
+    low = 0 if allow_zero else 1
+    if not low <= port <= 65535:
+        raise UserError(f"--port must be in {low}-65535{' (0: a free one)' if allow_zero else ''}, got {port}")
+
+
+def _check_lake_path(path: Path) -> None:
+    """Refuse a lake path that cannot be one before any work starts (creating it waits until the work does)."""
+    if "://" in str(path):
+        return
+    if path.exists() and not path.is_dir():
+        raise UserError(f"lake path {path} exists and is not a directory")
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is not None and not path.exists() and not parent.is_dir():
+        raise UserError(f"lake path {path}: {parent} is not a directory")
+
+
 def _on_sigterm(signum, frame):  # a normal exit, so context managers stop the local broker
     raise SystemExit(128 + signum)
 
@@ -488,10 +529,21 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     signal.signal(signal.SIGTERM, _on_sigterm)
+    from deltalake.exceptions import DeltaError
+    from kafka.errors import KafkaError
+
     try:
         app()
     except (UserError, LakeError, BrokerError) as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        sys.exit(2)
+    except (KafkaError, DeltaError) as exc:  # the broker or the storage failed mid-command
+        if os.environ.get("GENENV_DEBUG"):
+            raise
+        where = "Kafka" if isinstance(exc, KafkaError) else "Delta Lake"
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        err.print(f"[bold red]error:[/] {escape(f'{where}: {exc.__class__.__name__}: {first}')} "
+                  "(GENENV_DEBUG=1 shows the traceback)", highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -8,7 +8,8 @@ stops the other workers, lets the ingestor catch up with the log, and stops it.
 
 from __future__ import annotations
 
-import json
+import math
+import re
 import statistics
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import polars as pl
 from lake import CHECKPOINTS, VALIDATIONS, Lake, lag, read_table, silver
 from streams.broker import terminate
 
+from .audit import json_object
 from .config import RunConfig, to_toml
 from .loop import Engine, EpochMetrics
 from .publishing import LakeWriter
@@ -95,6 +97,28 @@ def _still_refining(lake: Lake, quiet_s: float = 2.0) -> bool:
     return lake.version(VALIDATIONS) != before
 
 
+FEATURE_NAME = re.compile(r"[A-Za-z0-9_ .-]{1,40}")
+MAX_FEATURES = 12
+
+
+def difficulty_means(difficulty_jsons: list[str | None]) -> dict[str, float]:
+    """Mean of each numeric difficulty feature over the tasks that have it. A producer writes difficulty_json, so
+    it may be anything: what is not a JSON object of finite numbers under plain names (they become plot labels)
+    is left out, never an error; at most MAX_FEATURES features, by name."""
+    values: dict[str, list[float]] = {}
+    for raw in difficulty_jsons:
+        for name, value in json_object(raw).items():
+            if type(value) not in (int, float) or not FEATURE_NAME.fullmatch(name):
+                continue
+            try:
+                number = float(value)
+            except OverflowError:
+                continue
+            if math.isfinite(number):
+                values.setdefault(name, []).append(number)
+    return {name: round(statistics.fmean(values[name]), 3) for name in sorted(values)[:MAX_FEATURES]}
+
+
 def metrics_from_lake(lake: Lake, run_id: str) -> list[EpochMetrics]:
     """Per-epoch metrics of a run, computed from what the lake holds (the async mode's report)."""
     def of_run(table: str) -> pl.DataFrame:
@@ -114,13 +138,12 @@ def metrics_from_lake(lake: Lake, run_id: str) -> list[EpochMetrics]:
         r = rewards.filter(pl.col("epoch") == epoch)
         b = batches.filter(pl.col("epoch") == epoch)
         ro = rollouts.filter(pl.col("epoch") == epoch)
-        features = [json.loads(d) for d in valid["difficulty_json"].to_list()]
         upto = checkpoints.filter(pl.col("epoch") <= epoch)
         agents = upto.filter(pl.col("model_kind") == "agent")
         envs = upto.filter(pl.col("model_kind") == "env")
-        validation = [json.loads(m).get("validation_accuracy") for m in
+        validation = [json_object(m).get("validation_accuracy") for m in
                       checkpoints.filter((pl.col("epoch") == epoch) & (pl.col("model_kind") == "agent"))["metrics_json"]]
-        validation = [v for v in validation if v is not None]
+        validation = [v for v in validation if type(v) in (int, float)]
         out.append(EpochMetrics(
             epoch=epoch, agent_version=int(agents["version"].max() or 0) if agents.height else 0,
             env_version=int(envs["version"].max() or 0) if envs.height else 0, tasks=t.height,
@@ -128,7 +151,7 @@ def metrics_from_lake(lake: Lake, run_id: str) -> list[EpochMetrics]:
             agent_success=round(r["success"].mean() or 0.0, 3) if r.height else 0.0,
             batch_p_hats=[round(p, 3) for p in b["p_hat"].to_list()],
             in_band_share=round(1 - (b["filtered"].mean() or 0.0), 3) if b.height else 0.0,
-            difficulty={k: round(statistics.fmean(f[k] for f in features), 3) for k in (features[0] if features else {})},
+            difficulty=difficulty_means(valid["difficulty_json"].to_list()),
             response_tokens=round(statistics.fmean(len(x) for x in ro["completion_token_ids"].to_list()), 2) if ro.height else 0.0,
             validation_accuracy=validation[-1] if validation else float("nan"),
         ))

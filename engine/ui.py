@@ -1,16 +1,19 @@
 """`genenv ui`: a read-only web view of a lake for data teams (Flask, server-rendered, no JavaScript).
 
     /                           runs, a task search box, links to the quarantine
-    /runs/<run>                 a run's epochs with their metrics and plots, and its tasks
-    /runs/<run>/plots/<name>    success.png, validation.png, difficulty.png (drawn from the lake on request)
+    /run?id=<run>[&epoch=<n>]   a run's epochs with their metrics and plots, and its tasks
+    /plot?run=<run>&name=<n>    success, validation or difficulty, as PNG (drawn from the lake on request)
     /tasks?q=<id>               finds a task by id (or lists ids that start with it)
-    /tasks/<id>                 the task's lineage: what `genenv audit task` shows
+    /task?id=<id>               the task's lineage: what `genenv audit task` shows
     /checkpoints/<kind>/<v>     a checkpoint's lineage: what `genenv audit checkpoint` shows
     /quarantine                 quarantined records with their reasons
     /evals                      offline benchmark results (genenv eval), newest first
 
 Every page reads the lake when it is requested (the answers of engine/audit.py) and writes nothing.
-Generated text is shown escaped (Jinja's autoescape), never interpreted.
+Generated text is shown escaped (Jinja's autoescape), never interpreted. Run and task ids are whatever a
+producer wrote, so they travel as query parameters (quoted by url_for), never as path segments: an id with
+"/", "..", "?" or "#" reaches its page like any other. No lake the ingestor wrote makes a page answer 500
+(tests/test_ui_robustness.py requests every link of a lake built from fuzzed events).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from deltalake import DeltaTable
 from flask import Flask, abort, redirect, render_template_string, request, send_file, url_for
 
 from lake import EVAL_RESULTS, QUARANTINE, VALIDATIONS, Lake, quarantine_by_reason, silver
+from trainers import CheckpointError
 
 from .audit import AuditError, audit_checkpoint, audit_task, runs, scan
 from .config import recorded_run_config
@@ -48,7 +52,7 @@ LAYOUT = """<!doctype html>
 
 INDEX = """<p>Lake <code>{{ root }}</code>.</p>
 <table id="runs"><tr><th>run</th><th>domain</th><th>epochs</th><th>tasks</th><th>valid</th><th>checkpoints</th></tr>
-{% for r in runs %}<tr><td><a href="{{ url_for('run_page', run_id=r.run_id) }}">{{ r.run_id }}</a></td><td>{{ r.domain }}</td>
+{% for r in runs %}<tr><td><a href="{{ url_for('run_page', id=r.run_id) }}">{{ r.run_id }}</a></td><td>{{ r.domain }}</td>
 <td>{{ r.epochs }}</td><td>{{ r.tasks }}</td><td>{{ r.valid }}</td><td>{{ r.checkpoints }}</td></tr>
 {% else %}<tr><td colspan="6">no runs yet</td></tr>{% endfor %}</table>"""
 
@@ -58,15 +62,15 @@ RUN = """<h2>Epochs</h2>
 {% for m in metrics %}<tr><td>{{ m.epoch }}</td><td>{{ m.agent_version }}</td><td>{{ m.env_version }}</td><td>{{ m.tasks }}</td>
 <td>{{ '%.2f' % m.valid_share }}</td><td>{{ '%.2f' % m.agent_success }}</td><td>{{ '%.2f' % m.in_band_share }}</td>
 <td>{{ m.validation_accuracy }}</td><td>{{ m.difficulty }}</td></tr>{% endfor %}</table>
-{% for name in plots %}<img alt="{{ name }}" src="{{ url_for('plot', run_id=run_id, name=name) }}">{% endfor %}
+{% for name in plots %}<img alt="{{ name }}" src="{{ url_for('plot', run=run_id, name=name) }}">{% endfor %}
 <h2>Tasks{% if epoch is not none %} of epoch {{ epoch }}{% endif %} ({{ tasks|length }}{% if truncated %} of {{ total }}{% endif %})</h2>
-<p>{% for e in epochs %}<a href="{{ url_for('run_page', run_id=run_id, epoch=e) }}">epoch {{ e }}</a> {% endfor %}</p>
+<p>{% for e in epochs %}<a href="{{ url_for('run_page', id=run_id, epoch=e) }}">epoch {{ e }}</a> {% endfor %}</p>
 <table id="tasks"><tr><th>task</th><th>epoch</th><th>valid</th><th>simulator v</th><th>task or invalid reason</th></tr>
-{% for t in tasks %}<tr><td><a href="{{ url_for('task_page', task_id=t.task_id) }}">{{ t.task_id }}</a></td><td>{{ t.epoch }}</td>
+{% for t in tasks %}<tr><td><a href="{{ url_for('task_page', id=t.task_id) }}">{{ t.task_id }}</a></td><td>{{ t.epoch }}</td>
 <td>{{ t.valid }}</td><td>{{ t.env_model_version }}</td><td>{{ (t.task_prompt or t.invalid_reason or '')[:160] }}</td></tr>{% endfor %}</table>"""
 
 TASK = """{% if t.task is defined and t.task is none %}<p class="bad">Only in the quarantine:</p>{% else %}
-<table id="task"><tr><th>run</th><td><a href="{{ url_for('run_page', run_id=t.run_id) }}">{{ t.run_id }}</a>, epoch {{ t.epoch }}, domain {{ t.domain }}</td></tr>
+<table id="task"><tr><th>run</th><td><a href="{{ url_for('run_page', id=t.run_id) }}">{{ t.run_id }}</a>, epoch {{ t.epoch }}, domain {{ t.domain }}</td></tr>
 <tr><th>batch</th><td>{{ t.batch_id }}</td></tr>
 <tr><th>simulator version</th><td>{{ t.simulator_version }} ({{ t.producer }})</td></tr>
 <tr><th>simulator prompt</th><td><pre>{{ t.simulator_prompt }}</pre></td></tr>
@@ -103,7 +107,7 @@ QUARANTINE_PAGE = """<table id="reasons"><tr><th>first failed check</th><th>reco
 {% for reason, n in reasons %}<tr><td>{{ reason }}</td><td>{{ n }}</td></tr>{% else %}<tr><td colspan="2">the quarantine is empty</td></tr>{% endfor %}</table>
 <table id="quarantine"><tr><th>topic</th><th>partition/offset</th><th>kind</th><th>event</th><th>task</th><th>reason</th><th>raw (first 200 bytes)</th></tr>
 {% for q in rows %}<tr><td>{{ q.topic }}</td><td>{{ q.kafka_partition }}/{{ q.kafka_offset }}</td><td>{{ q.kind }}</td><td>{{ q.event_id }}</td>
-<td>{% if q.task_id %}<a href="{{ url_for('task_page', task_id=q.task_id) }}">{{ q.task_id }}</a>{% endif %}</td><td>{{ q.reason }}</td><td><pre>{{ q.raw }}</pre></td></tr>{% endfor %}</table>"""
+<td>{% if q.task_id %}<a href="{{ url_for('task_page', id=q.task_id) }}">{{ q.task_id }}</a>{% endif %}</td><td>{{ q.reason }}</td><td><pre>{{ q.raw }}</pre></td></tr>{% endfor %}</table>"""
 
 EVALS = """<table id="evals"><tr><th>evaluated at</th><th>model</th><th>version</th><th>benchmark</th><th>metric</th><th>value</th><th>items</th><th>scoring</th></tr>
 {% for e in rows %}<tr><td>{{ e.evaluated_at }}</td><td>{{ e.model }}</td><td>{{ e.model_version }}</td><td>{{ e.benchmark }}</td>
@@ -135,13 +139,20 @@ def create_app(lake: Lake) -> Flask:
     def index():
         return page("genenv runs", INDEX, runs=runs(lake), root=lake.root)
 
-    @app.get("/runs/<run_id>")
-    def run_page(run_id: str):
-        metrics = run_metrics(run_id)
+    def required(name: str) -> str:
+        value = request.args.get(name)
+        if not value:
+            abort(404, f"no {name} given")
+        return value
+
+    @app.get("/run")
+    def run_page():
+        run_id = required("id")
         tasks = scan(lake, silver("task")).filter(pl.col("run_id") == run_id)
         epochs = sorted(tasks.select(pl.col("epoch").unique()).collect()["epoch"].to_list())
         if not epochs:
             abort(404, f"no run {run_id!r} in {lake.root}")
+        metrics = run_metrics(run_id)
         epoch = request.args.get("epoch", type=int)
         if epoch is not None:
             tasks = tasks.filter(pl.col("epoch") == epoch)
@@ -150,17 +161,20 @@ def create_app(lake: Lake) -> Flask:
         return page(f"run {run_id}", RUN, run_id=run_id, metrics=metrics, plots=PLOTS, tasks=shown, total=total,
                     truncated=total > len(shown), epochs=epochs, epoch=epoch)
 
-    @app.get("/runs/<run_id>/plots/<name>.png")
-    def plot(run_id: str, name: str):
+    @app.get("/plot")
+    def plot():
         from .report import plot_series, plot_success
 
+        run_id, name = required("run"), required("name")
         if name not in PLOTS:
-            abort(404)
+            abort(404, f"no plot {name!r}; plots: {', '.join(PLOTS)}")
         metrics = run_metrics(run_id)
+        if not metrics:
+            abort(404, f"no run {run_id!r} in {lake.root}")
         try:
             curriculum = recorded_run_config(lake.root, run_id).curriculum
-        except ValueError:
-            curriculum = CurriculumConfig()  # a run from before configs were recorded: the default band
+        except Exception:  # noqa: BLE001 (no config recorded, or an id that names no file: the default band)
+            curriculum = CurriculumConfig()
         image = io.BytesIO()
         if name == "success":
             plot_success(metrics, curriculum, image)
@@ -182,13 +196,14 @@ def create_app(lake: Lake) -> Flask:
         ids = (scan(lake, silver("task")).filter(pl.col("task_id").str.starts_with(query)).select("task_id")
                .head(50).collect()["task_id"].to_list())
         if query in ids:
-            return redirect(url_for("task_page", task_id=query))
+            return redirect(url_for("task_page", id=query))
         body = ("<p>No task has the id <code>{{ q }}</code>.</p>{% if ids %}<p>Ids that start with it:</p><ul>"
-                "{% for i in ids %}<li><a href=\"{{ url_for('task_page', task_id=i) }}\">{{ i }}</a></li>{% endfor %}</ul>{% endif %}")
+                "{% for i in ids %}<li><a href=\"{{ url_for('task_page', id=i) }}\">{{ i }}</a></li>{% endfor %}</ul>{% endif %}")
         return page("task search", body, q=query, ids=ids), 404
 
-    @app.get("/tasks/<task_id>")
-    def task_page(task_id: str):
+    @app.get("/task")
+    def task_page():
+        task_id = required("id")
         try:
             answer = audit_task(lake, task_id)
         except AuditError as exc:
@@ -199,7 +214,7 @@ def create_app(lake: Lake) -> Flask:
     def checkpoint_page(kind: str, version: int):
         try:
             answer = audit_checkpoint(lake, kind, version)
-        except AuditError as exc:
+        except (AuditError, CheckpointError) as exc:
             return page("unknown checkpoint", "<p class=\"bad\">{{ message }}</p>", message=str(exc)), 404
         return page(f"{kind} checkpoint v{version}", CHECKPOINT, c=answer)
 

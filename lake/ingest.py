@@ -239,10 +239,10 @@ class Ingestor:
 
     def step(self, batch: list[RawRecord]) -> None:
         with self.stats.timed("bronze"):
-            self._write_bronze(batch)
+            self.write_bronze(batch)
         self._refine_and_commit(batch)
 
-    def _write_bronze(self, batch: list[RawRecord]) -> None:
+    def write_bronze(self, batch: list[RawRecord]) -> None:
         now = datetime.now(timezone.utc)
         by_topic: dict[str, list[RawRecord]] = defaultdict(list)
         for r in batch:

@@ -228,9 +228,16 @@ class Lake:
         return f"{self.root}/{table}"
 
     def ensure(self) -> None:
-        for name, schema in SCHEMAS.items():
-            if not DeltaTable.is_deltatable(self.uri(name)):
-                DeltaTable.create(self.uri(name), schema, mode="ignore", name=name.replace("/", "_"))
+        """Create the tables that do not exist yet; LakeError (one line) when the storage refuses."""
+        try:
+            if "://" not in self.root:
+                Path(self.root).mkdir(parents=True, exist_ok=True)
+            for name, schema in SCHEMAS.items():
+                if not DeltaTable.is_deltatable(self.uri(name)):
+                    DeltaTable.create(self.uri(name), schema, mode="ignore", name=name.replace("/", "_"))
+        except Exception as exc:  # noqa: BLE001 (OSError, DeltaError, ...: whatever the storage said, in one line)
+            message = (getattr(exc, "strerror", None) or str(exc)).strip().splitlines()
+            raise LakeError(f"cannot create a lake at {self.root}: {message[0] if message else exc.__class__.__name__}") from None
 
     def table(self, name: str, version: int | None = None) -> DeltaTable:
         if name not in SCHEMAS:

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 BOOTSTRAP_ENV = "GENENV_KAFKA_BOOTSTRAP"
+# How long a command waits for a configured broker to answer before it gives up (GENENV_BROKER_WAIT_S).
+BROKER_WAIT_S = float(os.environ.get("GENENV_BROKER_WAIT_S", "10"))
 
 
 class BrokerError(RuntimeError):
@@ -47,14 +49,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def parse_bootstrap(bootstrap: str) -> list[tuple[str, int]]:
+    """"host:port[,host:port...]" as (host, port) pairs; BrokerError naming what is wrong."""
+    servers = []
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise BrokerError(f"bootstrap server {server.strip()!r} is not host:port with a port in 1-65535")
+        servers.append((host.strip("[]"), int(port)))
+    return servers
+
+
 def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
     """True when a Kafka metadata request to `bootstrap` succeeds."""
     from kafka import KafkaAdminClient
 
-    host, _, port = bootstrap.split(",")[0].rpartition(":")
     try:  # a plain connect first, so a broker still starting does not fill the log with client errors
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError:
+        host, port = parse_bootstrap(bootstrap)[0]
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except (BrokerError, OSError):
         return False
 
     try:
@@ -68,6 +81,20 @@ def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
         return False
     finally:
         admin.close()
+
+
+def require_broker(bootstrap: str, wait_s: float | None = None) -> str:
+    """`bootstrap` if a broker answers there within `wait_s` seconds (default BROKER_WAIT_S); otherwise
+    BrokerError, one line."""
+    parse_bootstrap(bootstrap)
+    wait_s = BROKER_WAIT_S if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
+    while not broker_answers(bootstrap, timeout_s=min(2.0, wait_s)):
+        if time.monotonic() >= deadline:
+            raise BrokerError(f"no Kafka broker answered at {bootstrap} within {wait_s:.0f}s "
+                              f"(check --bootstrap or ${BOOTSTRAP_ENV}; without either, a local broker is started)")
+        time.sleep(0.5)
+    return bootstrap
 
 
 def terminate(process: subprocess.Popen, timeout_s: float = 30) -> None:
@@ -86,6 +113,8 @@ class LocalBroker:
     """A Tansu broker process on 127.0.0.1; use as a context manager or start()/stop()."""
 
     def __init__(self, port: int | None = None, startup_timeout_s: float = 30.0):
+        if port is not None and not 1 <= port <= 65535:
+            raise BrokerError(f"port {port} is not in 1-65535")
         self.port = port or free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.startup_timeout_s = startup_timeout_s
@@ -104,10 +133,12 @@ class LocalBroker:
         _live_brokers.add(self)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                err = self.process.stderr.read().decode(errors="replace").strip() if self.process.stderr else ""
+            process = self.process
+            if process.poll() is not None:
+                err = process.stderr.read().decode(errors="replace").strip() if process.stderr else ""
                 self.stop()
-                raise BrokerError(f"local broker exited at start (code {self.process.returncode}): {err[-300:]}")
+                last = err.splitlines()[-1][-300:] if err else "no message"
+                raise BrokerError(f"local broker on port {self.port} exited at start (code {process.returncode}): {last}")
             if broker_answers(self.bootstrap, timeout_s=1.0):
                 return self
             time.sleep(0.1)
@@ -150,10 +181,11 @@ def configured_bootstrap(flag: str | None = None) -> str | None:
 
 @contextlib.contextmanager
 def kafka_bootstrap(flag: str | None = None) -> Iterator[str]:
-    """Yield the bootstrap servers to use: the configured ones, or a local broker for the duration."""
+    """Yield the bootstrap servers to use: the configured ones (once a broker answers there, within
+    BROKER_WAIT_S seconds; else BrokerError), or a local broker for the duration."""
     configured = configured_bootstrap(flag)
     if configured:
-        yield configured
+        yield require_broker(configured)
         return
     with LocalBroker() as broker:
         yield broker.bootstrap

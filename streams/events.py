@@ -277,6 +277,15 @@ def _json_object(raw: bytes | str | None) -> dict[str, Any]:
     return payload
 
 
+def payload_of(raw: bytes | str | None) -> dict[str, Any] | None:
+    """The JSON object a record holds, under the contract's size, encoding and nesting limits; None otherwise
+    (for readers of the quarantine, which holds records that may break any rule)."""
+    try:
+        return _json_object(raw)
+    except EventDecodeError:
+        return None
+
+
 def _shown(name: Any) -> str:
     """A producer-chosen name, safe to put in a message: repr, cut short."""
     return repr(name)[:40]

@@ -4,11 +4,12 @@ import sys
 import time
 
 import psutil
+import pytest
 
-from streams import LocalBroker, kafka_bootstrap
+from streams import BrokerError, LocalBroker, kafka_bootstrap
 from streams.broker import broker_answers
 
-from conftest import ROOT
+from conftest import ROOT, _tansu_children
 
 
 def test_local_broker_starts_answers_and_stops_cleanly():
@@ -31,10 +32,24 @@ def test_broker_stops_when_the_body_raises():
     assert not broker_answers(bootstrap, timeout_s=0.5)
 
 
-def test_configured_bootstrap_starts_nothing(monkeypatch):
-    monkeypatch.setenv("GENENV_KAFKA_BOOTSTRAP", "kafka.example:9092")
+def test_configured_bootstrap_starts_nothing(monkeypatch, broker):
+    monkeypatch.setenv("GENENV_KAFKA_BOOTSTRAP", broker.bootstrap)
+    before = len(_tansu_children())
     with kafka_bootstrap(None) as bootstrap:
-        assert bootstrap == "kafka.example:9092"
+        assert bootstrap == broker.bootstrap
+        assert len(_tansu_children()) == before
+
+
+def test_a_configured_broker_that_does_not_answer_is_one_error_within_the_stated_wait(monkeypatch):
+    monkeypatch.setattr("streams.broker.BROKER_WAIT_S", 1.0)
+    start = time.monotonic()
+    with pytest.raises(BrokerError, match="no Kafka broker answered at 127.0.0.1:1 within 1s"):
+        with kafka_bootstrap("127.0.0.1:1"):
+            pass
+    assert time.monotonic() - start < 10
+    with pytest.raises(BrokerError, match="not host:port"):
+        with kafka_bootstrap("127.0.0.1:99999"):
+            pass
 
 
 def test_genenv_broker_prints_its_address_and_stops_on_ctrl_c():
