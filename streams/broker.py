@@ -22,8 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 BOOTSTRAP_ENV = "GENENV_KAFKA_BOOTSTRAP"
-# How long a command waits for a configured broker to answer before it gives up (GENENV_BROKER_WAIT_S).
-BROKER_WAIT_S = float(os.environ.get("GENENV_BROKER_WAIT_S", "10"))
+BROKER_WAIT_S = 10.0  # how long a command waits for a configured broker to answer (GENENV_BROKER_WAIT_S overrides)
 
 
 class BrokerError(RuntimeError):
@@ -87,7 +86,12 @@ def require_broker(bootstrap: str, wait_s: float | None = None) -> str:
     """`bootstrap` if a broker answers there within `wait_s` seconds (default BROKER_WAIT_S); otherwise
     BrokerError, one line."""
     parse_bootstrap(bootstrap)
-    wait_s = BROKER_WAIT_S if wait_s is None else wait_s
+    if wait_s is None:
+        raw = os.environ.get("GENENV_BROKER_WAIT_S")
+        try:
+            wait_s = BROKER_WAIT_S if raw is None else float(raw)
+        except ValueError:
+            raise BrokerError(f"GENENV_BROKER_WAIT_S={raw!r} is not a number of seconds") from None
     deadline = time.monotonic() + wait_s
     while not broker_answers(bootstrap, timeout_s=min(2.0, wait_s)):
         if time.monotonic() >= deadline:
