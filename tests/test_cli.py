@@ -1,5 +1,7 @@
 """The command line as a user runs it: ingest, lake status, and one-line errors (the main job: test_engine.py)."""
 
+import pytest
+
 from engine.demo import epoch_events, publish
 from lake import Lake, read_pool
 
@@ -28,3 +30,36 @@ def test_bad_paths_and_values_stop_with_one_line(tmp_path):
     zero = genenv_cli("ingest", "--lake", str(tmp_path / "l"), "--partitions", "0", timeout=120)
     assert zero.returncode == 2 and "--partitions must be >= 1" in zero.stderr
     assert not (tmp_path / "l").exists(), "a bad value must stop before any work"
+
+
+BAD_INVOCATIONS = {  # name: (arguments, what the one line says); LAKE is a path that must not be created
+    "lake_cannot_be_created_ingest": (["ingest", "--lake", "/proc/genenv-lake"], "cannot create a lake at /proc/genenv-lake"),
+    "lake_cannot_be_created_run": (["run", "--profile", "quick", "--lake", "/proc/genenv-lake"], "cannot create a lake"),
+    "lake_cannot_be_created_eval": (["eval", "--benchmark", "bfcl", "--model", "tiny", "--limit", "1",
+                                     "--lake", "/proc/genenv-lake"], "cannot create a lake"),
+    "lake_is_a_file": (["ingest", "--lake", "FILE"], "not a directory"),
+    "unreachable_broker_ingest": (["ingest", "--lake", "LAKE", "--bootstrap", "127.0.0.1:1"],
+                                  "no Kafka broker answered at 127.0.0.1:1 within 1s"),
+    "unreachable_broker_run": (["run", "--profile", "quick", "--lake", "LAKE", "--bootstrap", "127.0.0.1:1"],
+                               "no Kafka broker answered"),
+    "unresolvable_broker": (["ingest", "--lake", "LAKE", "--bootstrap", "no-such-host.invalid:9092"], "no Kafka broker answered"),
+    "malformed_bootstrap": (["ingest", "--lake", "LAKE", "--bootstrap", "127.0.0.1:99999"], "not host:port"),
+    "negative_max_wait": (["ingest", "--lake", "LAKE", "--max-wait", "-1"], "--max-wait must be >= 0"),
+    "negative_idle_exit": (["ingest", "--lake", "LAKE", "--idle-exit", "-5"], "--idle-exit must be >= 0"),
+    "broker_port_too_high": (["broker", "--port", "99999"], "--port must be in 0-65535"),
+    "broker_port_negative": (["broker", "--port", "-5"], "--port must be in 0-65535"),
+    "ui_port_too_high": (["ui", "--lake", "LAKE", "--port", "99999"], "--port must be in 1-65535"),
+    "replay_scratch_is_a_file": (["replay", "--epoch", "0", "--lake", "LAKE", "--scratch", "FILE"], "is a file"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INVOCATIONS))
+def test_a_bad_invocation_is_one_line_and_exit_2_and_creates_nothing(name, tmp_path):
+    args, message = BAD_INVOCATIONS[name]
+    (tmp_path / "file").write_text("x")
+    args = [str(tmp_path / "lake") if a == "LAKE" else str(tmp_path / "file") if a == "FILE" else a for a in args]
+    result = genenv_cli(*args, env={"GENENV_BROKER_WAIT_S": "1", "GENENV_KAFKA_BOOTSTRAP": ""}, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"], "a bad invocation must not create anything"

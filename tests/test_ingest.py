@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
@@ -20,8 +21,9 @@ from lake import (
     D_ENV, D_TRAIN, QUARANTINE, VALIDATIONS, IngestConfig, Ingestor, Lake, ingest, quarantine_by_reason, read_pool, read_table, silver,
     versions,
 )
+from lake import CHECKPOINTS, WEIGHTS, checkpoint_path, file_sha256
 from lake.tables import SCHEMAS, bronze
-from streams import ALL_TOPICS, EventProducer, LocalBroker, RewardScored, RolloutCompleted
+from streams import ALL_TOPICS, CheckpointPublished, EventProducer, LocalBroker, RewardScored, RolloutCompleted
 
 from conftest import ROOT
 
@@ -275,3 +277,31 @@ def test_exactly_once_through_two_sigkills(broker, tmp_path):
     assert len(landed) == len(set(landed)) == 10_000
     assert set(landed) == {e.event_id for e in events}
     assert read_table(lake, QUARANTINE).height == 0
+
+
+def test_the_registry_takes_only_checkpoints_whose_files_prove_them_once_per_version(broker, lake, runner):
+    folder = Path(lake.root) / checkpoint_path("agent", 1)
+    folder.mkdir(parents=True)
+    (folder / WEIGHTS).write_bytes(b"weights of agent v1")
+    real = CheckpointPublished(run_id="run", epoch=0, model_kind="agent", version=1, parent_version=0,
+                               path=checkpoint_path("agent", 1), sha256=file_sha256(folder / WEIGHTS),
+                               pool_table="gold/d_train", pool_version=1, config_hash="c", seed=0)
+    forged = {
+        "registry_path": [dataclasses.replace(real, event_id="", version=2, path=p)
+                          for p in ("../../../../../../etc", "a\0b\0", "/etc", "checkpoints/agent/v2/../../../..")],
+        "registry_files": [dataclasses.replace(real, event_id="", version=3, path=checkpoint_path("agent", 3))],
+        "registry_sha256": [dataclasses.replace(real, event_id="", model_kind="env", path=checkpoint_path("env", 1))],
+        "registry_version_taken": [dataclasses.replace(real, event_id="", run_id="another-run"),
+                                   dataclasses.replace(real, event_id="", epoch=4, sha256="0" * 64)],
+    }
+    env_folder = Path(lake.root) / checkpoint_path("env", 1)
+    env_folder.mkdir(parents=True)
+    (env_folder / WEIGHTS).write_bytes(b"not what the event says")
+    publish(broker.bootstrap, [real] + [e for events in forged.values() for e in events])
+    run_ingest(lake, broker, runner)
+    registry = read_table(lake, CHECKPOINTS)
+    assert registry.select("model_kind", "version", "run_id", "path").rows() == [("agent", 1, "run", "checkpoints/agent/v1")]
+    quarantine = read_table(lake, QUARANTINE)
+    by_check = quarantine_by_reason(lake)
+    assert by_check == {check: len(events) for check, events in forged.items()}
+    assert all(quarantine["reason"].str.len_chars() > 0)
