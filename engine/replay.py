@@ -95,7 +95,7 @@ def replay_epoch(lake: Lake, epoch: int, run_id: str | None = None, scratch: Pat
         run_id = run_id or latest_run(lake)
     except AuditError as exc:
         raise ReplayError(str(exc)) from None
-    registered = read_table(lake, CHECKPOINTS).unique(["model_kind", "version"], keep="last")
+    registered = read_table(lake, CHECKPOINTS).unique(["model_kind", "version"], keep="first")
     mine = registered.filter((pl.col("run_id") == run_id) & (pl.col("epoch") == epoch)).sort("produced_at")
     if mine.is_empty():
         epochs = sorted(set(read_table(lake, silver("task")).filter(pl.col("run_id") == run_id)["epoch"].to_list()))

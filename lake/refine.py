@@ -318,48 +318,18 @@ class Refiner:
         return ready
 
     def _validate(self, kind: str, rows: list[Parsed], out: RefineOutput, seq: int, now: float) -> None:
+        """The content suite, then first copies only and (checkpoints) the registry's rules, then the Arrow proof:
+        what fails any of them goes to the quarantine, the rest lands in silver and on to gold."""
         state = self.state
-        events = [p.event for p in rows]
         unknown = None
         if kind in REFERS_TO_TASK:
-            unknown = sorted({e.task_id for e in events if e.task_id not in state.known_tasks})
-        failed, counts = self._verdict(kind, events, unknown)
-
-        # Duplicates, among the rows that passed: the first copy stays; a later one is a redelivery or a conflict.
-        seen = state.seen_ids[kind]
-        passed = [(p, content_digest(dataclasses.asdict(p.event))) for i, p in enumerate(rows) if i not in failed]
-        earlier = self.landed_digests(kind, sorted({p.event.event_id for p, _ in passed if p.event.event_id in seen}))
-        accepted: dict[str, str] = {}  # event id -> digest, of this step
-        landing: list[Parsed] = []
-        for parsed, digest in passed:
-            event = parsed.event
-            first = accepted.get(event.event_id) or earlier.get(event.event_id)
-            if first is not None or event.event_id in seen:
-                if digest == first:
-                    self.redeliveries += 1
-                    counts["redelivery"] += 1
-                else:
-                    reason = "conflicting_duplicate: an event with this event_id and other content landed first"
-                    out.add(QUARANTINE, quarantine_row(parsed.record, reason, ["conflicting_duplicate"], event))
-                    counts["conflicting_duplicate"] += 1
-                continue
-            if kind == "checkpoint":
-                refusal = self._registry_refusal(event)
-                if refusal is not None:
-                    out.add(QUARANTINE, quarantine_row(parsed.record, refusal[1], [refusal[0]], event))
-                    counts[refusal[0]] += 1
-                    continue
-                state.registered.add((event.model_kind, event.version))
-            accepted[event.event_id] = digest
-            landing.append(parsed)
-        for i, parsed in enumerate(rows):
-            if i in failed:
-                reason, checks = failed[i]
-                out.add(QUARANTINE, quarantine_row(parsed.record, reason, checks, parsed.event))
-
+            unknown = sorted({p.event.task_id for p in rows if p.event.task_id not in state.known_tasks})
+        failed, counts = self._verdict(kind, [p.event for p in rows], unknown)
+        for i, (reason, checks) in failed.items():
+            out.add(QUARANTINE, quarantine_row(rows[i].record, reason, checks, rows[i].event))
+        landing = self._landing(kind, [p for i, p in enumerate(rows) if i not in failed], out, counts)
         silver_rows = self._arrow_proof(kind, landing, out, counts)
-        for row in silver_rows:
-            seen.add(row["event_id"])
+        state.seen_ids[kind].update(row["event_id"] for row in silver_rows)
         if kind == "task":
             state.known_tasks.update(row["task_id"] for row in silver_rows)
         out.add(VALIDATIONS, self._validation_row(seq, kind, f"genenv.{kind}", len(rows), len(silver_rows),
@@ -382,6 +352,39 @@ class Refiner:
             failed.update({half + i: v for i, v in more.items()})
             return failed, counts + more_counts
         return {i: (checks[0], checks) for i, checks in verdict.failed.items()}, Counter(verdict.unexpected_counts)
+
+    def _landing(self, kind: str, rows: list[Parsed], out: RefineOutput, counts: Counter) -> list[Parsed]:
+        """The rows that may land, in order: the first copy of each event id (a later copy is a redelivery when its
+        content is the same, dropped and counted, and a conflicting duplicate otherwise, quarantined) and, for
+        checkpoints, only those the registry takes (lake/registry.py). A copy that is refused does not count as
+        the first: the next copy of its id gets its chance."""
+        seen = self.state.seen_ids[kind]
+        earlier = self.landed_digests(kind, sorted({p.event.event_id for p in rows if p.event.event_id in seen}))
+        first: dict[str, str] = {}  # event id -> digest, of the copies landing in this step
+        kept = []
+        for parsed in rows:
+            event = parsed.event
+            digest = content_digest(dataclasses.asdict(event))
+            original = first.get(event.event_id) or earlier.get(event.event_id)
+            if original is not None or event.event_id in seen:
+                if digest == original:
+                    self.redeliveries += 1
+                    counts["redelivery"] += 1
+                else:
+                    reason = "conflicting_duplicate: an event with this event_id and other content landed first"
+                    out.add(QUARANTINE, quarantine_row(parsed.record, reason, ["conflicting_duplicate"], event))
+                    counts["conflicting_duplicate"] += 1
+                continue
+            refusal = self._registry_refusal(event) if kind == "checkpoint" else None
+            if refusal is not None:
+                out.add(QUARANTINE, quarantine_row(parsed.record, refusal[1], [refusal[0]], event))
+                counts[refusal[0]] += 1
+                continue
+            if kind == "checkpoint":
+                self.state.registered.add((event.model_kind, event.version))
+            first[event.event_id] = digest
+            kept.append(parsed)
+        return kept
 
     def _registry_refusal(self, event) -> tuple[str, str] | None:
         if (event.model_kind, event.version) in self.state.registered:

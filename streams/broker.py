@@ -63,6 +63,8 @@ def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
     """True when a Kafka metadata request to `bootstrap` succeeds."""
     from kafka import KafkaAdminClient
 
+    from .kafka import security
+
     try:  # a plain connect first, so a broker still starting does not fill the log with client errors
         host, port = parse_bootstrap(bootstrap)[0]
         socket.create_connection((host, port), timeout=timeout_s).close()
@@ -70,7 +72,7 @@ def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
         return False
 
     try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), **security())
     except Exception:
         return False
     try:

@@ -3,11 +3,16 @@
 Manual partition assignment is the default everywhere: the lake, not Kafka's
 committed offsets, is the source of truth for progress, and it avoids group
 rebalances (Tansu holds a group join for about half the session timeout).
+
+Every client takes its security settings from the environment (`security()`), so
+a deployment whose cluster requires SASL or TLS (docs/EVENTS.md, "Trust") sets
+them once for every genenv process.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -21,12 +26,23 @@ log = logging.getLogger(__name__)
 ALL_TOPICS: tuple[str, ...] = tuple(TOPICS.values())
 DEFAULT_PARTITIONS = 3
 
+# Environment variable -> kafka-python client option (their names, upper-cased, after GENENV_KAFKA_).
+SECURITY_OPTIONS = ("security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
+                    "ssl_cafile", "ssl_certfile", "ssl_keyfile")
+
+
+def security() -> dict[str, str]:
+    """kafka-python security options from GENENV_KAFKA_SECURITY_PROTOCOL, GENENV_KAFKA_SASL_MECHANISM, ... (unset:
+    plaintext, as the local broker speaks)."""
+    return {name: os.environ[f"GENENV_KAFKA_{name.upper()}"] for name in SECURITY_OPTIONS
+            if os.environ.get(f"GENENV_KAFKA_{name.upper()}")}
+
 
 def ensure_topics(bootstrap: str, partitions: int = DEFAULT_PARTITIONS, topics: Iterable[str] = ALL_TOPICS) -> None:
     """Create the genenv topics that do not exist yet (replication factor 1 is enough for one broker)."""
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions}")
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="genenv-admin")
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="genenv-admin", **security())
     try:
         existing = set(admin.list_topics())
         missing = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing]
@@ -41,7 +57,7 @@ def ensure_topics(bootstrap: str, partitions: int = DEFAULT_PARTITIONS, topics: 
 
 def cluster_id(bootstrap: str) -> str:
     """The cluster's id: offsets mean something only within one cluster."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="genenv-admin")
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="genenv-admin", **security())
     try:
         return admin.describe_cluster()["cluster_id"]
     finally:
@@ -59,6 +75,7 @@ class EventProducer:
             enable_idempotence=True,
             linger_ms=linger_ms,
             max_in_flight_requests_per_connection=5,
+            **security(),
         )
 
     def send(self, event: Event, topic: str | None = None):
@@ -103,6 +120,7 @@ def assigned_consumer(
         max_poll_records=max_poll_records,
         fetch_max_bytes=64 * 1024 * 1024,
         max_partition_fetch_bytes=8 * 1024 * 1024,
+        **security(),
     )
     partitions = [tp for topic in topics for tp in partitions_of(consumer, topic)]
     consumer.assign(partitions)

@@ -40,13 +40,27 @@ def test_configured_bootstrap_starts_nothing(monkeypatch, broker):
         assert len(_tansu_children()) == before
 
 
+def test_kafka_clients_take_their_security_options_from_the_environment(monkeypatch, broker):
+    from streams import ensure_topics
+    from streams.kafka import security
+
+    monkeypatch.setenv("GENENV_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT")  # what the local broker speaks
+    monkeypatch.setenv("GENENV_KAFKA_SASL_MECHANISM", "")  # empty: unset
+    assert security() == {"security_protocol": "PLAINTEXT"}
+    ensure_topics(broker.bootstrap)  # a client built with them still reaches the broker
+    monkeypatch.setenv("GENENV_KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
+    monkeypatch.setenv("GENENV_KAFKA_SASL_MECHANISM", "PLAIN")
+    monkeypatch.setenv("GENENV_KAFKA_SASL_PLAIN_USERNAME", "ingest")
+    monkeypatch.setenv("GENENV_KAFKA_SASL_PLAIN_PASSWORD", "secret")
+    assert security() == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
+                          "sasl_plain_username": "ingest", "sasl_plain_password": "secret"}
+
+
 def test_a_configured_broker_that_does_not_answer_is_one_error_within_the_stated_wait(monkeypatch):
-    monkeypatch.setattr("streams.broker.BROKER_WAIT_S", 1.0)
-    start = time.monotonic()
+    monkeypatch.setenv("GENENV_BROKER_WAIT_S", "1")
     with pytest.raises(BrokerError, match="no Kafka broker answered at 127.0.0.1:1 within 1s"):
         with kafka_bootstrap("127.0.0.1:1"):
             pass
-    assert time.monotonic() - start < 10
     with pytest.raises(BrokerError, match="not host:port"):
         with kafka_bootstrap("127.0.0.1:99999"):
             pass

@@ -305,3 +305,41 @@ def test_the_registry_takes_only_checkpoints_whose_files_prove_them_once_per_ver
     by_check = quarantine_by_reason(lake)
     assert by_check == {check: len(events) for check, events in forged.items()}
     assert all(quarantine["reason"].str.len_chars() > 0)
+
+
+def test_a_refused_copy_does_not_take_its_event_ids_place(broker, lake, runner):
+    """A forged CheckpointPublished (a path outside the lake) ahead of the real one with the same identity, in one
+    micro-batch: the forgery is quarantined and the real one is registered, not refused as a duplicate."""
+    folder = Path(lake.root) / checkpoint_path("env", 1)
+    folder.mkdir(parents=True)
+    (folder / WEIGHTS).write_bytes(b"weights of env v1")
+    real = CheckpointPublished(run_id="run", epoch=0, model_kind="env", version=1, parent_version=0,
+                               path=checkpoint_path("env", 1), sha256=file_sha256(folder / WEIGHTS),
+                               pool_table="gold/d_env", pool_version=1, config_hash="c", seed=0)
+    forged = dataclasses.replace(real, path="../../../../etc")
+    assert forged.event_id == real.event_id
+    publish(broker.bootstrap, [forged, real])
+    run_ingest(lake, broker, runner)
+    assert read_table(lake, CHECKPOINTS)["path"].to_list() == ["checkpoints/env/v1"]
+    assert quarantine_by_reason(lake) == {"registry_path": 1}
+
+
+def test_a_suite_that_cannot_be_evaluated_is_split_until_the_rows_that_break_it_are_isolated():
+    """Real GX suites, with a fault injected: any frame that holds the marked task raises, as GX did on frames
+    it could not evaluate. Only that row is refused (`suite_error`); the other 15 of its micro-batch land."""
+    from lake.expectations import SuiteError, SuiteRunner
+    from lake.refine import RawRecord, Refiner, RefineState
+
+    class BreaksOnOneRow(SuiteRunner):
+        def run(self, kind, frame, suite):
+            if (frame["task_prompt"] == "poison").any():
+                raise SuiteError("expect_column_values_to_be_between(epoch) could not be evaluated")
+            return super().run(kind, frame, suite)
+
+    tasks = [e for e in epoch_events(tasks=16, group=1) if e.KIND == "task"]
+    tasks[11] = dataclasses.replace(tasks[11], task_prompt="poison")
+    records = [RawRecord("c", "genenv.tasks", 0, i, 0, None, e.to_json()) for i, e in enumerate(tasks)]
+    out = Refiner(RefineState(), BreaksOnOneRow()).refine(records, now=0.0, seq=1)
+    assert [r["failed_checks"] for r in out.rows[QUARANTINE]] == [["suite_error"]]
+    assert out.rows[QUARANTINE][0]["kafka_offset"] == 11
+    assert out.arrow(silver("task")).num_rows == 15

@@ -143,7 +143,8 @@ def test_same_pool_seed_and_parent_give_a_bit_identical_checkpoint(pool_lake):
     assert first.version == second.version == 1 and first.sha256 == second.sha256
     other_seed = train_update("agent", pool_lake, GRPOConfig(**{**FAST_AGENT.__dict__, "seed": 8}), base_model="tiny")
     assert other_seed.sha256 != first.sha256
-    lineage = json.loads((Path(first.path) / "genenv.json").read_text())
+    assert first.path == "checkpoints/agent/v1"  # lake-relative: a moved lake stays whole
+    lineage = json.loads((Path(pool_lake.root) / first.path / "genenv.json").read_text())
     assert lineage["pool_table"] == "gold/d_train" and lineage["pool_version"] == pool_lake.version("gold/d_train")
     assert lineage["base_model"] == "tiny" and lineage["parent_version"] == 0
 
@@ -173,7 +174,7 @@ def test_checkpoints_register_chain_and_load_by_version(pool_lake, broker):
 def test_a_corrupt_checkpoint_is_refused_with_one_line(pool_lake, broker):
     record = train_update("agent", pool_lake, FAST_AGENT, base_model="tiny")
     publish_checkpoint(pool_lake, broker.bootstrap, record, run_id="t", epoch=0)
-    weights = Path(record.path) / "model.safetensors"
+    weights = Path(pool_lake.root) / record.path / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
@@ -217,7 +218,7 @@ def test_an_empty_pool_is_a_one_line_error(lake):
 def test_lora_updates_merge_into_a_plain_checkpoint(pool_lake):
     config = GRPOConfig(**{**FAST_AGENT.__dict__, "use_peft": True, "lora_r": 4, "lora_alpha": 8})
     record = train_update("agent", pool_lake, config, base_model="tiny")
-    loaded = load_model(record.path)  # a plain transformers model: the adapters are folded in
+    loaded = load_model(str(Path(pool_lake.root) / record.path))  # a plain transformers model: adapters folded in
     base = load_model("tiny")
     changed = [name for name, tensor in loaded.model.state_dict().items()
                if not __import__("torch").equal(tensor, base.model.state_dict()[name])]

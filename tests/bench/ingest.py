@@ -1,18 +1,22 @@
-"""Benchmark: full ingest rate against raw kafka-python consume + JSON decode, in the same run.
+"""Benchmark: the ingest rate on a clean log, on the same log with 10% malformed records mixed in, and against raw
+kafka-python consume + JSON decode, all in the same run.
 
-    .venv/bin/python tests/bench/ingest.py [--events 100000]
+    .venv/bin/python tests/bench/ingest.py [--events 100000] [--malformed 0.1]
 
-Prints JSON: both rates (events/s), their ratio, and the ingestor's peak RSS.
-The ingest runs in a child process (the same code as `genenv ingest`), so its
-peak RSS is its own; the raw consumer runs in this process against the same
-topics on the same broker.
+Prints JSON: the rates (records/s), their ratios, and each ingestor's peak RSS. Each ingest runs in a child
+process (the same code as `genenv ingest`) on its own fresh broker, so its peak RSS is its own (os.wait4); the
+raw consumer runs in this process against the clean log. The malformed records are the hostile-producer
+classes of tests/test_fuzz_ingest.py, drawn with a fixed seed: not JSON, bit flips, truncation, wrong types,
+deep nesting, lone surrogates, integers beyond int64, NaN, unknown fields, forged ids, 300k-character strings,
+redeliveries and conflicting duplicates.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -23,14 +27,66 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
-def produce(bootstrap: str, n: int) -> int:
-    from engine.demo import epoch_events, publish
+def clean_events(n: int) -> list:
+    from engine.demo import epoch_events
 
     events, epoch = [], 0
     while len(events) < n:
         events += epoch_events(run_id="bench", epoch=epoch, tasks=64, group=8, seed=epoch)
         epoch += 1
-    return publish(bootstrap, events[:n])
+    return events[:n]
+
+
+def malformed(event, rng: random.Random) -> bytes:
+    """One hostile or careless copy of a valid event."""
+    raw = event.to_json()
+    payload = json.loads(raw)
+    text_field = next(n for n in ("completion", "task_prompt", "checker_detail", "task_ids", "metrics_json") if n in payload)
+    kind = rng.randrange(13)
+    if kind == 0:
+        return b"{not json" + raw[:rng.randrange(len(raw))]
+    if kind == 1:
+        flipped = bytearray(raw)
+        flipped[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
+        return bytes(flipped)
+    if kind == 2:
+        return raw[:rng.randrange(1, len(raw))]
+    if kind == 3:
+        return json.dumps({**payload, "epoch": rng.choice(["0", True, None, [1]])}).encode()
+    if kind == 4:
+        depth = rng.randrange(500, 5000)
+        return raw[:-1] + b',"deep":' + b"[" * depth + b"]" * depth + b"}"
+    if kind == 5:
+        return json.dumps({**payload, "run_id": payload["run_id"] + "\ud800"}).encode()
+    if kind == 6:
+        return json.dumps({**payload, "epoch": 2 ** 64}).encode()
+    if kind == 7:
+        return raw.replace(b'"produced_at":0.0', b'"produced_at":NaN')
+    if kind == 8:
+        return json.dumps({**payload, "unknown": 1}).encode()
+    if kind == 9:
+        return json.dumps({**payload, "event_id": "%032x" % rng.getrandbits(128)}).encode()
+    if kind == 10:
+        return json.dumps({**payload, text_field: "x" * 300_000}).encode()
+    if kind == 11:
+        return raw  # a redelivery
+    return json.dumps({**payload, "producer": "someone-else"}).encode()  # a conflicting duplicate
+
+
+def produce(bootstrap: str, events: list, share: float, seed: int = 0) -> int:
+    """The events in order, each followed, with probability `share`, by a malformed copy on its partition."""
+    from streams import EventProducer
+
+    rng = random.Random(seed)
+    sent = 0
+    with EventProducer(bootstrap, client_id="bench") as producer:
+        for event in events:
+            producer.send(event)
+            sent += 1
+            if rng.random() < share / (1 - share):  # so that `share` of all records are malformed
+                producer.send_raw(event.TOPIC, malformed(event, rng), key=event.key.encode())
+                sent += 1
+    return sent
 
 
 def raw_consume(bootstrap: str, n: int) -> float:
@@ -56,17 +112,30 @@ def ingest_worker(bootstrap: str, lake_path: str, n: int) -> None:
     runner = SuiteRunner()  # library imports and GX context are start-up, not ingest
     lake = Lake(lake_path)
     start = time.perf_counter()
-    ingestor = Ingestor(lake, bootstrap, IngestConfig(), runner=runner)
-    ingestor.run(stop=lambda: ingestor.stats.records >= n)
+    ingestor = Ingestor(lake, bootstrap, IngestConfig(max_wait_s=5), runner=runner)
+    ingestor.run(stop=lambda: ingestor.stats.records >= n and not ingestor.refiner.state.pending)
     elapsed = time.perf_counter() - start
     ingestor.close()
     print(json.dumps({"elapsed_s": elapsed, "rate": n / elapsed, "steps": ingestor.stats.steps,
                       "seconds": ingestor.stats.summary()["seconds"]}))
 
 
+def timed_ingest(bootstrap: str, lake: str, n: int) -> dict:
+    """Run the ingest child; its result and its own peak RSS."""
+    with tempfile.TemporaryFile() as out:
+        child = subprocess.Popen([sys.executable, __file__, "--worker", bootstrap, lake, str(n)], stdout=out)
+        _, status, usage = os.wait4(child.pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"the ingest child failed with {os.waitstatus_to_exitcode(status)}")
+        out.seek(0)
+        result = json.loads(out.read().decode().strip().splitlines()[-1])
+    return {**result, "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--malformed", type=float, default=0.1, help="Share of malformed records in the second log.")
     parser.add_argument("--worker", nargs=3, metavar=("BOOTSTRAP", "LAKE", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -78,26 +147,31 @@ def main() -> None:
     logging.getLogger("kafka").setLevel(logging.ERROR)
     from streams import LocalBroker, ensure_topics
 
-    with LocalBroker() as broker, tempfile.TemporaryDirectory() as tmp:
-        ensure_topics(broker.bootstrap)
-        t0 = time.perf_counter()
-        n = produce(broker.bootstrap, args.events)
-        produce_s = time.perf_counter() - t0
-        raw_rate = raw_consume(broker.bootstrap, n)
-        child = subprocess.run([sys.executable, __file__, "--worker", broker.bootstrap, f"{tmp}/lake", str(n)],
-                               capture_output=True, text=True, check=True)
-        full = json.loads(child.stdout.strip().splitlines()[-1])
-        peak_rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    events = clean_events(args.events)
+    with tempfile.TemporaryDirectory() as tmp:
+        with LocalBroker() as broker:
+            ensure_topics(broker.bootstrap)
+            t0 = time.perf_counter()
+            n_clean = produce(broker.bootstrap, events, 0.0)
+            produce_s = time.perf_counter() - t0
+            raw_rate = raw_consume(broker.bootstrap, n_clean)
+            clean = timed_ingest(broker.bootstrap, f"{tmp}/clean", n_clean)
+        with LocalBroker() as broker:
+            ensure_topics(broker.bootstrap)
+            n_mixed = produce(broker.bootstrap, events, args.malformed)
+            mixed = timed_ingest(broker.bootstrap, f"{tmp}/mixed", n_mixed)
     print(json.dumps({
-        "events": n,
-        "produce_rate": round(n / produce_s, 1),
+        "events": len(events),
+        "produce_rate": round(n_clean / produce_s, 1),
         "raw_consume_decode_rate": round(raw_rate, 1),
-        "full_ingest_rate": round(full["rate"], 1),
-        "ratio_full_to_raw": round(full["rate"] / raw_rate, 3),
-        "ingest_steps": full["steps"],
-        "ingest_seconds_by_phase": full["seconds"],
-        "ingestor_peak_rss_mib": round(peak_rss_kib / 1024, 1),
-        "targets": {"ratio_full_to_raw": ">= 0.5", "ingestor_peak_rss_mib": "<= 1024"},
+        "clean": {"records": n_clean, "rate": round(clean["rate"], 1), "steps": clean["steps"],
+                  "seconds_by_phase": clean["seconds"], "peak_rss_mib": clean["peak_rss_mib"]},
+        "malformed_mixed_in": {"records": n_mixed, "malformed_share": round(1 - len(events) / n_mixed, 3),
+                               "rate": round(mixed["rate"], 1), "steps": mixed["steps"],
+                               "seconds_by_phase": mixed["seconds"], "peak_rss_mib": mixed["peak_rss_mib"]},
+        "ratio_clean_to_raw": round(clean["rate"] / raw_rate, 3),
+        "ratio_malformed_to_clean": round(mixed["rate"] / clean["rate"], 3),
+        "targets": {"ratio_clean_to_raw": ">= 0.5", "ratio_malformed_to_clean": ">= 0.8", "peak_rss_mib": "<= 1024"},
     }, indent=2))
 
 
