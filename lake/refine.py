@@ -34,7 +34,9 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from streams.events import EVENT_TYPES, KIND_OF_TOPIC, TOPICS, Event, EventDecodeError, content_digest, decode
+from streams.events import (
+    EVENT_TYPES, KIND_OF_TOPIC, TOPICS, Event, EventDecodeError, content_digest, decode, field_types,
+)
 
 from .expectations import MAX_ID_CHARS, REFERS_TO_TASK, SuiteRunner
 from .registry import registry_refusal
@@ -184,7 +186,7 @@ def bronze_record(row: dict) -> RawRecord:
 
 
 def _silver_row(event: Event, record: RawRecord) -> dict:
-    return {**dataclasses.asdict(event), **record.kafka_columns()}
+    return {**{name: getattr(event, name) for name in field_types(type(event))}, **record.kafka_columns()}
 
 
 def _safe_text(value: Any, limit: int) -> str | None:
@@ -360,14 +362,14 @@ class Refiner:
         the first: the next copy of its id gets its chance."""
         seen = self.state.seen_ids[kind]
         earlier = self.landed_digests(kind, sorted({p.event.event_id for p in rows if p.event.event_id in seen}))
-        first: dict[str, str] = {}  # event id -> digest, of the copies landing in this step
+        first: dict[str, Event] = {}  # event id -> the copy landing in this step (digests only on a collision)
         kept = []
         for parsed in rows:
             event = parsed.event
-            digest = content_digest(dataclasses.asdict(event))
-            original = first.get(event.event_id) or earlier.get(event.event_id)
-            if original is not None or event.event_id in seen:
-                if digest == original:
+            if event.event_id in first or event.event_id in seen:
+                landed = first.get(event.event_id)
+                original = content_digest(dataclasses.asdict(landed)) if landed else earlier.get(event.event_id)
+                if content_digest(dataclasses.asdict(event)) == original:
                     self.redeliveries += 1
                     counts["redelivery"] += 1
                 else:
@@ -382,7 +384,7 @@ class Refiner:
                 continue
             if kind == "checkpoint":
                 self.state.registered.add((event.model_kind, event.version))
-            first[event.event_id] = digest
+            first[event.event_id] = event
             kept.append(parsed)
         return kept
 

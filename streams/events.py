@@ -175,22 +175,6 @@ TOPICS: dict[str, str] = {kind: cls.TOPIC for kind, cls in EVENT_TYPES.items()}
 KIND_OF_TOPIC: dict[str, str] = {topic: kind for kind, topic in TOPICS.items()}
 
 
-@functools.cache
-def field_types(cls: type[Event]) -> dict[str, Any]:
-    """Field name -> resolved type annotation, in declaration order."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-@functools.cache
-def required_fields(cls: type[Event]) -> tuple[str, ...]:
-    return tuple(
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    )
-
-
 # -- the contract (docs/EVENTS.md) ---------------------------------------------------------------------
 # Every rule is checked here, once, before any other code sees the payload; the lake's expectation suites
 # check only content (ranges, value sets, lengths, references), on values whose types this guarantees.
@@ -218,21 +202,30 @@ def required_fields(cls: type[Event]) -> tuple[str, ...]:
     return own + ("schema", "event_id")
 
 
-def matches_type(value: Any, annotation: Any) -> bool:
-    """Whether a decoded JSON value has the field's declared type (an int is a float; a bool is neither).
+@dataclass(frozen=True)
+class FieldRule:
+    """What a field's JSON value may be, resolved once per field from its annotation."""
 
-    Not recursive into values: an annotation is a scalar, an optional scalar or a list of scalars."""
-    origin = typing.get_origin(annotation)
-    if origin in (types.UnionType, typing.Union):
-        return any(matches_type(value, arm) for arm in typing.get_args(annotation))
-    if annotation is type(None):
-        return value is None
-    if origin is list:
-        (item,) = typing.get_args(annotation)
-        return type(value) is list and all(matches_type(v, item) for v in value)
-    if annotation is float:
-        return type(value) in (int, float)
-    return type(value) is annotation
+    annotation: Any
+    types: frozenset  # exact Python types of the value (of its items, for a list); a bool is neither int nor float
+    is_list: bool
+    is_float: bool  # ints become floats, and every value must be finite
+    is_int: bool  # within the signed 64-bit range
+
+
+@functools.cache
+def field_rules(cls: type[Event]) -> dict[str, FieldRule]:
+    """Field name -> its rule; annotations are a scalar, an optional scalar or a list of scalars."""
+    rules = {}
+    for name, annotation in field_types(cls).items():
+        arms = set(typing.get_args(annotation)) if typing.get_origin(annotation) in (types.UnionType, typing.Union) \
+            else {annotation}
+        is_list = any(typing.get_origin(a) is list for a in arms)
+        if is_list:
+            (arms,) = [set(typing.get_args(a)) for a in arms if typing.get_origin(a) is list]
+        allowed = {int, float} if float in arms else set(arms)
+        rules[name] = FieldRule(annotation, frozenset(allowed), is_list, float in arms, int in arms)
+    return rules
 
 
 def _refuse_constant(name: str):
@@ -305,20 +298,20 @@ def event_class(payload: dict[str, Any]) -> type[Event]:
     return EVENT_TYPES[kind]
 
 
-def _check_value(cls: type[Event], name: str, value: Any, annotation: Any) -> Any:
+def _check_value(cls: type[Event], name: str, value: Any, rule: FieldRule) -> Any:
     """The value as the event holds it (ints in float fields become floats), or EventDecodeError."""
-    if not matches_type(value, annotation):
-        raise EventDecodeError(f"type:{name}", f"{cls.__name__}.{name} = {repr(value)[:60]} is not {annotation}")
-    items = value if type(value) is list else (value,)
-    if annotation is float or annotation == list[float]:
+    items = value if rule.is_list and type(value) is list else (value,)
+    if (rule.is_list and type(value) is not list) or any(type(item) not in rule.types for item in items):
+        raise EventDecodeError(f"type:{name}", f"{cls.__name__}.{name} = {repr(value)[:60]} is not {rule.annotation}")
+    if rule.is_float:
         try:
             converted = [float(v) for v in items]
         except OverflowError:
             raise EventDecodeError(f"not_finite:{name}", f"{cls.__name__}.{name} is too large for a float") from None
-        if not all(math.isfinite(v) for v in converted):
+        if not all(map(math.isfinite, converted)):
             raise EventDecodeError(f"not_finite:{name}", f"{cls.__name__}.{name} is not finite")
-        return converted if type(value) is list else converted[0]
-    if any(type(item) is int and not INT64_MIN <= item <= INT64_MAX for item in items):
+        return converted if rule.is_list else converted[0]
+    if rule.is_int and any(type(i) is int and not INT64_MIN <= i <= INT64_MAX for i in items):
         raise EventDecodeError(f"int_range:{name}", f"{cls.__name__}.{name} is outside the 64-bit integer range")
     if name in ID_FIELDS and value == "":
         raise EventDecodeError(f"empty_id:{name}", f"{cls.__name__}.{name} is empty")
@@ -337,14 +330,14 @@ def decode(raw: bytes | str | None) -> Event:
 
 def _typed_event(payload: dict[str, Any]) -> Event:
     cls = event_class(payload)
-    hints = field_types(cls)
+    rules = field_rules(cls)
     for name in payload:
-        if name not in hints:
+        if name not in rules:
             raise EventDecodeError("unknown_field", f"{cls.__name__} has no field {_shown(name)}")
     for name in required_fields(cls):
         if name not in payload:
             raise EventDecodeError(f"missing_field:{name}", f"{cls.__name__} has no {name!r}")
-    values = {name: _check_value(cls, name, value, hints[name]) for name, value in payload.items()}
+    values = {name: _check_value(cls, name, value, rules[name]) for name, value in payload.items()}
     values.pop("schema")
     event = cls(**values)
     if event.identity_hash() != event.event_id:

@@ -118,7 +118,7 @@ def assigned_consumer(
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         max_poll_records=max_poll_records,
-        fetch_max_bytes=64 * 1024 * 1024,
+        fetch_max_bytes=16 * 1024 * 1024,  # what the consumer buffers ahead of the ingestor
         max_partition_fetch_bytes=8 * 1024 * 1024,
         **security(),
     )

@@ -279,13 +279,18 @@ def test_exactly_once_through_two_sigkills(broker, tmp_path):
     assert read_table(lake, QUARANTINE).height == 0
 
 
-def test_the_registry_takes_only_checkpoints_whose_files_prove_them_once_per_version(broker, lake, runner):
-    folder = Path(lake.root) / checkpoint_path("agent", 1)
+def checkpoint_in(lake: Lake, kind: str, version: int, weights: bytes) -> CheckpointPublished:
+    """A checkpoint folder with these weights in the lake, and the event that names it truthfully."""
+    folder = Path(lake.root) / checkpoint_path(kind, version)
     folder.mkdir(parents=True)
-    (folder / WEIGHTS).write_bytes(b"weights of agent v1")
-    real = CheckpointPublished(run_id="run", epoch=0, model_kind="agent", version=1, parent_version=0,
-                               path=checkpoint_path("agent", 1), sha256=file_sha256(folder / WEIGHTS),
+    (folder / WEIGHTS).write_bytes(weights)
+    return CheckpointPublished(run_id="run", epoch=0, model_kind=kind, version=version, parent_version=version - 1,
+                               path=checkpoint_path(kind, version), sha256=file_sha256(folder / WEIGHTS),
                                pool_table="gold/d_train", pool_version=1, config_hash="c", seed=0)
+
+
+def test_the_registry_takes_only_checkpoints_whose_files_prove_them_once_per_version(broker, lake, runner):
+    real = checkpoint_in(lake, "agent", 1, b"weights of agent v1")
     forged = {
         "registry_path": [dataclasses.replace(real, event_id="", version=2, path=p)
                           for p in ("../../../../../../etc", "a\0b\0", "/etc", "checkpoints/agent/v2/../../../..")],
@@ -294,9 +299,7 @@ def test_the_registry_takes_only_checkpoints_whose_files_prove_them_once_per_ver
         "registry_version_taken": [dataclasses.replace(real, event_id="", run_id="another-run"),
                                    dataclasses.replace(real, event_id="", epoch=4, sha256="0" * 64)],
     }
-    env_folder = Path(lake.root) / checkpoint_path("env", 1)
-    env_folder.mkdir(parents=True)
-    (env_folder / WEIGHTS).write_bytes(b"not what the event says")
+    checkpoint_in(lake, "env", 1, b"not what the event says")
     publish(broker.bootstrap, [real] + [e for events in forged.values() for e in events])
     run_ingest(lake, broker, runner)
     registry = read_table(lake, CHECKPOINTS)
@@ -310,12 +313,7 @@ def test_the_registry_takes_only_checkpoints_whose_files_prove_them_once_per_ver
 def test_a_refused_copy_does_not_take_its_event_ids_place(broker, lake, runner):
     """A forged CheckpointPublished (a path outside the lake) ahead of the real one with the same identity, in one
     micro-batch: the forgery is quarantined and the real one is registered, not refused as a duplicate."""
-    folder = Path(lake.root) / checkpoint_path("env", 1)
-    folder.mkdir(parents=True)
-    (folder / WEIGHTS).write_bytes(b"weights of env v1")
-    real = CheckpointPublished(run_id="run", epoch=0, model_kind="env", version=1, parent_version=0,
-                               path=checkpoint_path("env", 1), sha256=file_sha256(folder / WEIGHTS),
-                               pool_table="gold/d_env", pool_version=1, config_hash="c", seed=0)
+    real = checkpoint_in(lake, "env", 1, b"weights of env v1")
     forged = dataclasses.replace(real, path="../../../../etc")
     assert forged.event_id == real.event_id
     publish(broker.bootstrap, [forged, real])
