@@ -190,8 +190,9 @@ class Ingestor:
         if not event_ids:
             return {}
         fields = list(field_types(EVENT_TYPES[kind]))
-        rows = pl.scan_delta(self.lake.uri(silver(kind))).filter(pl.col("event_id").is_in(event_ids)).select(fields)
-        return {row["event_id"]: content_digest(row) for row in rows.collect().iter_rows(named=True)}
+        with self.stats.timed("duplicate lookups"):
+            rows = pl.scan_delta(self.lake.uri(silver(kind))).filter(pl.col("event_id").is_in(event_ids)).select(fields)
+            return {row["event_id"]: content_digest(row) for row in rows.collect().iter_rows(named=True)}
 
     def _bronze_past_watermark(self, watermark: Watermark) -> list[RawRecord]:
         records = []
