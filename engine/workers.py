@@ -29,7 +29,7 @@ from trainers import TrainError, latest_version, load_published, manifest, regis
 from trainers.update import POOL_OF, new_rows
 
 from .config import RunConfig
-from .domains import Invalid, task_from_row
+from .domains import Invalid, Task, Verdict, task_from_row
 from .curriculum import score_groups
 from .loop import Engine, GeneratedTask
 
@@ -48,6 +48,17 @@ def run_events(consumer, run_id: str, timeout_ms: int = 500):
                 continue
             if event.run_id == run_id:
                 yield event
+
+
+def task_of(event) -> Task | Invalid:
+    """The task a TaskGenerated carries. Its JSON fields are a producer's text: one that does not parse makes the
+    task invalid, never stops the worker (the ingestor keeps the event; docs/EVENTS.md)."""
+    if not event.valid:
+        return Invalid(event.invalid_reason or "")
+    try:
+        return task_from_row(event.to_dict())
+    except (ValueError, RecursionError, TypeError, KeyError) as exc:
+        return Invalid(f"unreadable task fields: {exc.__class__.__name__}")
 
 
 def run_version(lake: Lake, kind: str, run_id: str) -> int:
@@ -129,8 +140,10 @@ class Worker:
             for event in run_events(consumer, self.run_id):
                 if event.KIND == "checkpoint":
                     self._reload(engine, event)
-                elif event.KIND == "task" and event.valid and event.producer != "warm-start":
-                    task = task_from_row(event.to_dict())
+                elif event.KIND == "task" and event.producer != "warm-start":
+                    task = task_of(event)
+                    if isinstance(task, Invalid):
+                        continue
                     waiting.append(GeneratedTask(event.task_id, event.batch_id, event.sim_prompt, event.raw_generation,
                                                  task, event.env_model_version, event.epoch))
             while waiting and not stop():
@@ -152,7 +165,7 @@ class Worker:
         while not stop():
             for event in run_events(consumer, self.run_id):
                 if event.KIND == "task" and event.producer != "warm-start":
-                    parsed = task_from_row(event.to_dict()) if event.valid else Invalid(event.invalid_reason or "")
+                    parsed = task_of(event)
                     tasks[event.task_id] = GeneratedTask(event.task_id, event.batch_id, event.sim_prompt,
                                                          event.raw_generation, parsed, event.env_model_version, event.epoch)
                 elif event.KIND == "rollout" and event.producer != "warm-start":
@@ -161,7 +174,10 @@ class Worker:
             out = []
             for rollout in ready:
                 task = tasks[rollout.task_id]
-                verdict = engine.domain.check(task.parsed, rollout.completion)
+                try:
+                    verdict = engine.domain.check(task.parsed, rollout.completion)
+                except Exception as exc:  # noqa: BLE001 (a task from the log in a shape the checker cannot read)
+                    verdict = Verdict(0.0, False, f"unscorable task: {exc.__class__.__name__}")
                 out.append(RewardScored(
                     run_id=self.run_id, epoch=rollout.epoch, rollout_id=rollout.rollout_id, task_id=rollout.task_id,
                     reward=verdict.reward, success=verdict.success, checker_detail=verdict.detail, producer="reward"))
