@@ -5,7 +5,7 @@ kafka-python consume + JSON decode, all in the same run.
 
 Prints JSON: the rates (records/s), their ratios, and each ingestor's peak RSS, for three logs: clean, with 10%
 malformed records of ordinary size, and the same with oversized strings among them (which multiply the bytes). Each ingest runs in a child
-process (the same code as `genenv ingest`) on its own fresh broker, so its peak RSS is its own (os.wait4); the
+process (the same code as `genenv ingest`) on its own fresh broker, so its peak RSS is its own (VmHWM); the
 raw consumer runs in this process against the clean log. The malformed records are the hostile-producer
 classes of tests/test_fuzz_ingest.py, drawn with a fixed seed: not JSON, bit flips, truncation, wrong types,
 deep nesting, lone surrogates, integers beyond int64, NaN, unknown fields, forged ids, 300k-character strings,
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # peak_rss
 
 
 def clean_events(n: int) -> list:
@@ -130,15 +130,17 @@ def ingest_worker(bootstrap: str, lake_path: str, n: int) -> None:
 
 
 def timed_ingest(bootstrap: str, lake: str, n: int) -> dict:
-    """Run the ingest child; its result and its own peak RSS."""
+    """Run the ingest child; its result and its own peak RSS (tests/peak_rss.py says why not ru_maxrss)."""
+    from peak_rss import wait_with_peak_rss
+
     with tempfile.TemporaryFile() as out:
         child = subprocess.Popen([sys.executable, __file__, "--worker", bootstrap, lake, str(n)], stdout=out)
-        _, status, usage = os.wait4(child.pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"the ingest child failed with {os.waitstatus_to_exitcode(status)}")
+        returncode, peak_rss = wait_with_peak_rss(child)
+        if returncode != 0:
+            raise SystemExit(f"the ingest child failed with {returncode}")
         out.seek(0)
         result = json.loads(out.read().decode().strip().splitlines()[-1])
-    return {**result, "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
+    return {**result, "peak_rss_mib": round(peak_rss / 2 ** 20, 1)}
 
 
 def main() -> None:
