@@ -226,12 +226,13 @@ def worker(
     set_: Annotated[list[str], typer.Option("--set", help="An option as name=value; repeatable.")] = [],
 ) -> None:
     """One role of the async mode, as a long-running Kafka consumer (Ctrl-C or SIGTERM stops it)."""
-    from engine.config import load_config
+    from engine.config import check_run_id, load_config
     from engine.workers import ROLES, Worker
 
     if role not in ROLES:
         raise UserError(f"unknown worker role {role!r}; roles: {', '.join(ROLES)} (the ingest worker is `genenv ingest`)")
     try:
+        check_run_id(run_id)
         cfg = load_config(profile, config, list(set_))
     except ValueError as exc:
         raise UserError(str(exc)) from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,8 @@ class RunConfig:
         """Raise ValueError naming the first bad value."""
         if self.domain not in DOMAINS:
             raise ValueError(f"domain must be one of {', '.join(DOMAINS)}, got {self.domain!r}")
+        if self.run_id:
+            check_run_id(self.run_id)
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         for name in ("epochs", "tasks_per_epoch", "batch_size", "group_size", "agent_max_new_tokens",
@@ -183,9 +186,21 @@ def to_toml(config: RunConfig) -> str:
     return "\n".join(lines) + "\n" + "\n".join(tables) + "\n"
 
 
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a run id names a file: <lake>/runs/<run id>.toml
+
+
+def check_run_id(run_id: str) -> str:
+    """`run_id` if it can name a file in <lake>/runs/; ValueError otherwise."""
+    if not RUN_ID.fullmatch(run_id):
+        raise ValueError(f"run id {run_id!r:.80} must be 1-128 letters, digits, '.', '_' or '-', not starting with "
+                         "'.', '_' or '-'")
+    return run_id
+
+
 def run_config_path(lake_root: str, run_id: str) -> Path:
-    """Where a run's full configuration is kept beside its lake (replay and audit read it back)."""
-    return Path(lake_root) / "runs" / f"{run_id}.toml"
+    """Where a run's full configuration is kept beside its lake (replay and audit read it back). Run ids in events
+    are a producer's text: one that could not name a file there (a "/", "..") is refused, never followed."""
+    return Path(lake_root) / "runs" / f"{check_run_id(run_id)}.toml"
 
 
 def record_run_config(lake_root: str, run_id: str, config: RunConfig) -> Path | None:

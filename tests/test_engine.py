@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from engine.config import load_config
+from engine.config import load_config, recorded_run_config
 from engine.curriculum import CurriculumConfig, env_reward, in_band, score_groups
 from engine.domains import Task, get_domain
 from lake import CHECKPOINTS, Lake, read_pool, read_table, silver
@@ -117,6 +117,16 @@ def test_config_layers_and_one_line_errors(tmp_path):
     bad.write_text("epochs = [")
     with pytest.raises(ValueError, match="not valid TOML"):
         load_config("quick", bad)
+
+
+@pytest.mark.parametrize("run_id", ["a/b", "..", "../../etc/passwd", ".hidden", 'q"uote', "x" * 129])
+def test_a_run_id_that_cannot_name_its_config_file_is_refused(run_id, tmp_path):
+    """A run id names <lake>/runs/<run id>.toml; run ids in the lake are a producer's text, never a path to follow."""
+    with pytest.raises(ValueError, match="run id"):
+        load_config("quick", None, [f"run_id={run_id}"])
+    with pytest.raises(ValueError, match="run id"):
+        recorded_run_config(str(tmp_path), run_id)
+    assert load_config("quick", None, ["run_id=toolcall-genenv-s1.v2_a"]).run_id == "toolcall-genenv-s1.v2_a"
 
 
 def test_genenv_run_stops_on_a_bad_value_before_any_work(tmp_path):
