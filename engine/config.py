@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import tomli_w
+
 from trainers import GRPOConfig, RWRConfig
 
 from .curriculum import CurriculumConfig
 from .domains import DOMAINS, get_domain
-from .overrides import OverrideError, apply_overrides
+from .overrides import OverrideError, apply_values, parse_pairs
 
 MODES = ("genenv", "genenv-random", "genenv-static", "seeds-only")
 
@@ -109,38 +111,37 @@ PROFILES: dict[str, dict] = {
 }
 
 
-def _flatten(table: dict, prefix: str = "") -> list[str]:
-    pairs = []
+def _flatten(table: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """A TOML table as (name or section.name, value) items, values as TOML typed them."""
+    items = []
     for key, value in table.items():
         if isinstance(value, dict):
-            pairs += _flatten(value, f"{prefix}{key}.")
+            items += _flatten(value, f"{prefix}{key}.")
         else:
-            text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-            pairs.append(f"{prefix}{key}={text}")
-    return pairs
+            items.append((f"{prefix}{key}", value))
+    return items
 
 
-def override(config: RunConfig, pairs: list[str]) -> RunConfig:
-    """Apply `name=value` or `section.name=value` pairs."""
-    top, sections = [], {"curriculum": [], "agent": [], "env": []}
-    for pair in pairs:
-        name = pair.partition("=")[0].strip()
-        section, dot, _ = name.partition(".")
+def override(config: RunConfig, items: list[tuple[str, object]]) -> RunConfig:
+    """Apply (name or section.name, value) items: text as from `--set`, or values a TOML file typed."""
+    top, sections = {}, {"curriculum": {}, "agent": {}, "env": {}}
+    for name, value in items:
+        section, dot, rest = name.partition(".")
         if dot and section in sections:
-            sections[section].append(pair.split(".", 1)[1])
+            sections[section][rest] = value
         elif dot:
             raise OverrideError(f"{name}: no section {section!r} (sections: {', '.join(sections)})")
         else:
-            top.append(pair)
-    config = apply_overrides(config, top)
+            top[name] = value
+    config = apply_values(config, top)
     changes = {}
-    for section, section_pairs in sections.items():
-        if section_pairs:
+    for section, values in sections.items():
+        if values:
             try:
-                changes[section] = apply_overrides(getattr(config, section), section_pairs)
+                changes[section] = apply_values(getattr(config, section), values)
             except OverrideError as exc:
                 raise OverrideError(f"{section}.{exc}") from None
-    if "temperature" in {p.partition("=")[0].strip() for p in top}:  # the agent's logprob temperature follows
+    if "temperature" in {name.strip() for name in top}:  # the agent's logprob temperature follows
         changes["agent"] = dataclasses.replace(changes.get("agent", config.agent), temperature=config.temperature)
     return dataclasses.replace(config, **changes)
 
@@ -149,7 +150,7 @@ def load_config(profile: str = "default", path: Path | None = None, sets: list[s
     """Defaults < profile < file < sets; raises ValueError (one line) on anything unknown or out of range."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
-    config = override(RunConfig(), [f"{k}={v}" for k, v in PROFILES[profile].items()])
+    config = override(RunConfig(), list(PROFILES[profile].items()))
     if path is not None:
         if not path.is_file():
             raise ValueError(f"config file {path} does not exist")
@@ -158,32 +159,24 @@ def load_config(profile: str = "default", path: Path | None = None, sets: list[s
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
         config = override(config, _flatten(table))
-    config = override(config, list(sets))
+    config = override(config, parse_pairs(list(sets)))
     config.check()
     return config
 
 
 def to_toml(config: RunConfig) -> str:
-    """The full configuration as TOML (written into the report folder, and a template for users)."""
-    def value(v) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, tuple):
-            return "[" + ", ".join(f'"{x}"' for x in v) + "]"
-        if v is None:
-            return '"none"'
-        return f'"{v}"'
+    """The full configuration as TOML (written into the report folder, and a template for users), by tomli-w, so
+    every value reads back as it was (TOML has no null: an unset optional is "none", as on the command line)."""
+    def plain(value):
+        if value is None:
+            return "none"
+        return list(value) if isinstance(value, tuple) else value
 
-    lines, tables = [], []
-    for f in dataclasses.fields(config):
-        v = getattr(config, f.name)
-        if dataclasses.is_dataclass(v):
-            tables.append(f"\n[{f.name}]\n" + "\n".join(f"{g.name} = {value(getattr(v, g.name))}" for g in dataclasses.fields(v)))
-        else:
-            lines.append(f"{f.name} = {value(v)}")
-    return "\n".join(lines) + "\n" + "\n".join(tables) + "\n"
+    def table(obj) -> dict:
+        return {f.name: table(v) if dataclasses.is_dataclass(v := getattr(obj, f.name)) else plain(v)
+                for f in dataclasses.fields(obj)}
+
+    return tomli_w.dumps(table(config))
 
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a run id names a file: <lake>/runs/<run id>.toml

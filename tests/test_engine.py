@@ -3,6 +3,7 @@ the run configuration, and a quick run end to end through the real broker and la
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from engine.config import load_config, recorded_run_config
+from engine.config import load_config, recorded_run_config, to_toml
 from engine.curriculum import CurriculumConfig, env_reward, in_band, score_groups
 from engine.domains import Task, get_domain
 from lake import CHECKPOINTS, Lake, read_pool, read_table, silver
@@ -117,6 +118,20 @@ def test_config_layers_and_one_line_errors(tmp_path):
     bad.write_text("epochs = [")
     with pytest.raises(ValueError, match="not valid TOML"):
         load_config("quick", bad)
+
+
+@pytest.mark.parametrize("profile", ["quick", "default", "paper"])
+def test_a_config_reads_back_from_the_toml_it_writes(profile, tmp_path):
+    """Quotes, backslashes, unicode, commas and edge spaces in strings, optional values unset: all round-trip."""
+    config = dataclasses.replace(
+        load_config(profile), agent_model='/models/a "quoted" \\ back\\slash ünïcode ☃',
+        env_model="  C:\\models\\spaced, comma\ttab  ", run_id="run-1.a_b")
+    config = dataclasses.replace(config, agent=dataclasses.replace(config.agent, epsilon_high=None))
+    path = tmp_path / "run.toml"
+    path.write_text(to_toml(config))
+    assert load_config("default", path) == config
+    path.write_text(to_toml(dataclasses.replace(config, agent=dataclasses.replace(config.agent, epsilon_high=0.28))))
+    assert load_config("default", path).agent.epsilon_high == 0.28
 
 
 @pytest.mark.parametrize("run_id", ["a/b", "..", "../../etc/passwd", ".hidden", 'q"uote', "x" * 129])
