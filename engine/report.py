@@ -43,18 +43,33 @@ def plot_series(metrics: list[EpochMetrics], series: dict[str, list[float]], yla
     plt.close(fig)
 
 
+PLOTS = ("success", "validation", "difficulty")
+
+
+def draw(name: str, metrics: list[EpochMetrics], curriculum, out) -> None:
+    """One of the report's plots (PLOTS) to a path or a file object: the report folder and the web view draw the
+    same pictures from the same recipe."""
+    if name == "success":
+        plot_success(metrics, curriculum, out)
+    elif name == "validation":
+        plot_series(metrics, {"validation accuracy": [m.validation_accuracy for m in metrics]}, "accuracy",
+                    "Held-out validation accuracy", out)
+    elif name == "difficulty":
+        features = sorted({k for m in metrics for k in m.difficulty})
+        plot_series(metrics, {k: [m.difficulty.get(k, float("nan")) for m in metrics] for k in features},
+                    "mean value", "Difficulty features of valid tasks", out)
+    else:
+        raise ValueError(f"no plot {name!r}; plots: {', '.join(PLOTS)}")
+
+
 def write_report(folder: Path, run_id: str, config: RunConfig, metrics: list[EpochMetrics], initial_accuracy: float,
                  lake_root: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "metrics.json").write_text(json.dumps({"run_id": run_id, "initial_validation_accuracy": initial_accuracy,
                                                      "epochs": [m.__dict__ for m in metrics]}, indent=2))
     (folder / "config.toml").write_text(to_toml(config))
-    plot_success(metrics, config.curriculum, folder / "success.png")
-    plot_series(metrics, {"validation accuracy": [m.validation_accuracy for m in metrics]}, "accuracy",
-                "Held-out validation accuracy", folder / "validation.png")
-    features = sorted({k for m in metrics for k in m.difficulty})
-    plot_series(metrics, {k: [m.difficulty.get(k, float("nan")) for m in metrics] for k in features}, "mean value",
-                "Difficulty features of valid tasks", folder / "difficulty.png")
+    for name in PLOTS:
+        draw(name, metrics, config.curriculum, folder / f"{name}.png")
     rows = "\n".join(
         f"| {m.epoch} | {m.agent_version} | {m.env_version} | {m.tasks} | {m.valid_share:.2f} | {m.agent_success:.2f} | "
         f"{m.in_band_share:.2f} | {m.validation_accuracy:.3f} | {m.response_tokens:.1f} | "

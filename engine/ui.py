@@ -31,6 +31,7 @@ from trainers import CheckpointError
 from .audit import AuditError, audit_checkpoint, audit_task, runs, scan
 from .config import recorded_run_config
 from .curriculum import CurriculumConfig
+from .report import PLOTS, draw
 
 LAYOUT = """<!doctype html>
 <html><head><meta charset="utf-8"><title>{{ title }} · genenv</title>
@@ -114,7 +115,6 @@ EVALS = """<table id="evals"><tr><th>evaluated at</th><th>model</th><th>version<
 <td>{{ e.metric }}</td><td>{{ '%.4g' % e.value if e.value is not none else '' }}</td><td>{{ e.items }}</td><td>{{ e.scoring }}</td></tr>
 {% else %}<tr><td colspan="8">no evaluations yet (genenv eval)</td></tr>{% endfor %}</table>"""
 
-PLOTS = ("success", "validation", "difficulty")
 MAX_ROWS = 1000  # rows a list page shows; the rest is a search away
 
 
@@ -163,8 +163,6 @@ def create_app(lake: Lake) -> Flask:
 
     @app.get("/plot")
     def plot():
-        from .report import plot_series, plot_success
-
         run_id, name = required("run"), required("name")
         if name not in PLOTS:
             abort(404, f"no plot {name!r}; plots: {', '.join(PLOTS)}")
@@ -176,15 +174,7 @@ def create_app(lake: Lake) -> Flask:
         except Exception:  # noqa: BLE001 (no config recorded, or an id that names no file: the default band)
             curriculum = CurriculumConfig()
         image = io.BytesIO()
-        if name == "success":
-            plot_success(metrics, curriculum, image)
-        elif name == "validation":
-            plot_series(metrics, {"validation accuracy": [m.validation_accuracy for m in metrics]}, "accuracy",
-                        "Held-out validation accuracy", image)
-        else:
-            features = sorted({k for m in metrics for k in m.difficulty})
-            plot_series(metrics, {k: [m.difficulty.get(k, float("nan")) for m in metrics] for k in features},
-                        "mean value", "Difficulty features of valid tasks", image)
+        draw(name, metrics, curriculum, image)
         image.seek(0)
         return send_file(image, mimetype="image/png")
 

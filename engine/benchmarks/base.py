@@ -12,12 +12,12 @@ and a perturbed copy of it must score 0): it is read from the benchmark's own re
 from __future__ import annotations
 
 import json
-import re
-import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
+
+from ..domains.qa import normalise as normalize_answer  # SQuAD's normaliser, one for training and evaluation
 
 Progress = Callable[[int, int], None]
 
@@ -120,9 +120,3 @@ def limited(items: list[Item], limit: int | None) -> list[Item]:
     return items if limit is None else items[:limit]
 
 
-# SQuAD's answer normalisation (lowercase, no punctuation, no articles, single spaces), used for exact match and F1.
-def normalize_answer(text: str) -> str:
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
