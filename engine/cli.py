@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lake import IngestConfig, Lake, LakeError, quarantine_by_reason, status, versions
+from lake import IngestConfig, Lake, LakeError, check_lake_root, quarantine_by_reason, status, versions
 from lake import ingest as run_ingest
 from streams import (
     BOOTSTRAP_ENV, BrokerError, LocalBroker, configured_bootstrap, ensure_topics, kafka_bootstrap, require_broker,
@@ -69,7 +69,7 @@ def ingest(
                           partitions=partitions)
     _check_positive(max_batch_records=max_batch_records, max_batch_ms=max_batch_ms, partitions=partitions)
     _check_non_negative(max_wait=max_wait, idle_exit=idle_exit)
-    _check_lake_path(lake)
+    check_lake_root(lake)
     with kafka_bootstrap(bootstrap) as servers, console.status("ingesting") as spinner:
         lake_ = Lake(lake)  # created once the broker answers: a bad invocation leaves nothing behind
 
@@ -139,7 +139,7 @@ def run(
         cfg = load_config(profile, config, flags + list(set_))
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    _check_lake_path(lake)
+    check_lake_root(lake)
     with kafka_bootstrap(bootstrap) as servers, _phases() as phase:
         lake_ = Lake(lake)
         console.print(f"{'async' if streaming else 'sync'} run: {cfg.domain}, {cfg.mode}, agent {cfg.agent_model}, "
@@ -200,7 +200,7 @@ def ablation(
         cfg = load_config(profile, config, [f"domain={domain}", *set_])
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    _check_lake_path(lake)
+    check_lake_root(lake)
     with kafka_bootstrap(bootstrap) as servers, _phases() as phase:
         lake_ = Lake(lake)
         folder = out or Path(lake_.root) / "reports" / f"ablation-{cfg.domain}"
@@ -323,7 +323,7 @@ def eval_(
     _check_positive(batch_size=batch_size)
     if data is not None and not data.is_dir():
         raise UserError(f"--data {data} is not a folder")
-    _check_lake_path(lake)
+    check_lake_root(lake)
     try:
         names = benchmark_names(benchmark)
         # Every benchmark's data is read before any model is loaded: a missing file stops here.
@@ -505,17 +505,6 @@ def _check_port(port: int, allow_zero: bool = False) -> None:
     low = 0 if allow_zero else 1
     if not low <= port <= 65535:
         raise UserError(f"--port must be in {low}-65535{' (0: a free one)' if allow_zero else ''}, got {port}")
-
-
-def _check_lake_path(path: Path) -> None:
-    """Refuse a lake path that cannot be one before any work starts (creating it waits until the work does)."""
-    if "://" in str(path):
-        return
-    if path.exists() and not path.is_dir():
-        raise UserError(f"lake path {path} exists and is not a directory")
-    parent = next((p for p in path.absolute().parents if p.exists()), None)
-    if parent is not None and not path.exists() and not parent.is_dir():
-        raise UserError(f"lake path {path}: {parent} is not a directory")
 
 
 def _on_sigterm(signum, frame):  # a normal exit, so context managers stop the local broker

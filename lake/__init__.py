@@ -18,12 +18,13 @@ from .tables import (
     Lake,
     LakeError,
     bronze,
+    check_lake_root,
     silver,
 )
 
 __all__ = [
     "CHECKPOINTS", "D_ENV", "WEIGHTS", "D_TRAIN", "EVAL_ITEMS", "EVAL_RESULTS", "POOLS", "QUARANTINE", "SCHEMAS", "VALIDATIONS",
     "CommitRecord", "IngestConfig", "IngestStats", "Ingestor", "Lake", "LakeError", "TableVersion",
-    "bronze", "checkpoint_path", "file_sha256", "ingest", "lag", "quarantine_by_reason", "read_pool", "read_table", "rebuild_to", "record_at", "registry_refusal", "silver",
+    "bronze", "check_lake_root", "checkpoint_path", "file_sha256", "ingest", "lag", "quarantine_by_reason", "read_pool", "read_table", "rebuild_to", "record_at", "registry_refusal", "silver",
     "status", "versions",
 ]

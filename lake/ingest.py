@@ -287,7 +287,9 @@ class Ingestor:
             self._write_derived(out, record)
         self.record = record
         self.stats.steps += 1
-        self.stats.redeliveries = self.refiner.redeliveries
+        # Counted where the step records it (silver/validations), so the summary and the table cannot disagree.
+        self.stats.redeliveries += sum(json.loads(row["unexpected_counts"]).get("redelivery", 0)
+                                       for row in out.rows[VALIDATIONS])
 
     def _write_derived(self, out: RefineOutput, record: CommitRecord) -> None:
         for name in DERIVED_TABLES:

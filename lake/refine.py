@@ -250,7 +250,6 @@ class Refiner:
         self.max_pending = max_pending
         self.landed_digests = landed_digests or (lambda kind, ids: {})
         self.checkpoint_root = checkpoint_root  # the lake whose checkpoints/ folder a CheckpointPublished must name
-        self.redeliveries = 0  # second copies of landed events, dropped
 
     # -- entry points -------------------------------------------------------------------------
     def refine(self, records: list[RawRecord], now: float, seq: int) -> RefineOutput:
@@ -370,7 +369,6 @@ class Refiner:
                 landed = first.get(event.event_id)
                 original = content_digest(dataclasses.asdict(landed)) if landed else earlier.get(event.event_id)
                 if content_digest(dataclasses.asdict(event)) == original:
-                    self.redeliveries += 1
                     counts["redelivery"] += 1
                 else:
                     reason = "conflicting_duplicate: an event with this event_id and other content landed first"

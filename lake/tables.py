@@ -208,16 +208,28 @@ class LakeError(RuntimeError):
     pass
 
 
+def check_lake_root(root: str | Path) -> None:
+    """LakeError (one line) for a local lake root that cannot be a directory: it is a file, or a file stands where a
+    folder above it should be. Nothing is created (a command checks this before any work starts)."""
+    if "://" in str(root):
+        return
+    path = Path(root)
+    if path.exists() and not path.is_dir():
+        raise LakeError(f"lake path {path} exists and is not a directory")
+    above = next((p for p in path.absolute().parents if p.exists()), None)
+    if not path.exists() and above is not None and not above.is_dir():
+        raise LakeError(f"lake path {path}: {above} is not a directory")
+
+
 class Lake:
     """A lake root (a local directory here; any delta-rs URI in deployment)."""
 
     def __init__(self, root: str | Path, create: bool = True):
         self.root = str(root)
         self._writers: dict[str, DeltaTable] = {}
+        check_lake_root(self.root)
         if "://" not in self.root:
             path = Path(self.root)
-            if path.exists() and not path.is_dir():
-                raise LakeError(f"lake path {path} exists and is not a directory")
             if not create and not (path / "silver").is_dir():
                 raise LakeError(f"no lake at {path} (run `genenv ingest --lake {path}` or `genenv run` first)")
             self.root = str(path.resolve())

@@ -4,9 +4,10 @@ kafka-python consume + JSON decode, all in the same run.
     .venv/bin/python tests/bench/ingest.py [--events 100000] [--malformed 0.1]
 
 Prints JSON: the rates (records/s), their ratios, and each ingestor's peak RSS, for three logs: clean, with 10%
-malformed records of ordinary size, and the same with oversized strings among them (which multiply the bytes). Each ingest runs in a child
-process (the same code as `genenv ingest`) on its own fresh broker, so its peak RSS is its own (VmHWM); the
-raw consumer runs in this process against the clean log. The malformed records are the hostile-producer
+malformed records of ordinary size, and the same with oversized strings among them (which multiply the bytes).
+Each ingest runs in a child process (the same code as `genenv ingest`) on its own fresh broker, so its peak RSS
+is its own (VmHWM); raw consume + decode runs in this process against each log, so the bytes a log carries
+show apart from what the ingestor does with them. The malformed records are the hostile-producer
 classes of tests/test_fuzz_ingest.py, drawn with a fixed seed: not JSON, bit flips, truncation, wrong types,
 deep nesting, lone surrogates, integers beyond int64, NaN, unknown fields, forged ids, 300k-character strings,
 redeliveries and conflicting duplicates.
