@@ -128,10 +128,8 @@ def run(
     """The main job: co-evolve the agent and the simulator, everything through Kafka and the lake, then write a report.
 
     Every option of a run (curriculum alpha/beta/k/granularity, GRPO and RWR options with TRL's names, sizes, models, warm start) is listed with its value by `genenv config --profile P`; put any of them in a TOML file for --config, or override one with --set name=value (section.name=value for curriculum, agent, env)."""
-    from engine.config import load_config
-    from engine.loop import Engine
-    from engine.publishing import LakeWriter
-    from engine.report import write_report
+    from engine.coevolution import CoEvolution, LakeWriter, load_config
+    from engine.lineage import metrics_from_lake, write_report
 
     flags = [f"{name}={value}" for name, value in (("domain", domain), ("mode", mode), ("epochs", epochs), ("seed", seed))
              if value is not None]
@@ -145,13 +143,13 @@ def run(
         console.print(f"{'async' if streaming else 'sync'} run: {cfg.domain}, {cfg.mode}, agent {cfg.agent_model}, "
                       f"simulator {cfg.env_model}, {cfg.epochs} epochs, lake {lake_.root}")
         if streaming:
-            from engine.streaming import metrics_from_lake, run_async
+            from engine.workers import run_async
 
             engine = run_async(cfg, lake_, servers, say=console.print, phase=phase)
             metrics = metrics_from_lake(lake_, engine.run_id)
         else:
             with LakeWriter(lake_, servers) as writer:
-                engine = Engine(cfg, lake_, writer, say=console.print, phase=phase)
+                engine = CoEvolution(cfg, lake_, writer, say=console.print, phase=phase)
                 metrics = engine.run()
     folder = report or Path(lake_.root) / "reports" / engine.run_id
     page = write_report(folder, engine.run_id, cfg, metrics, engine.initial_accuracy, lake_.root)
@@ -172,7 +170,7 @@ def show_config(
     set_: Annotated[list[str], typer.Option("--set", help="An option as name=value; repeatable.")] = [],
 ) -> None:
     """Print every option of a run, with its value, as TOML: a starting point for `genenv run --config`."""
-    from engine.config import load_config, to_toml
+    from engine.coevolution import load_config, to_toml
 
     try:
         print(to_toml(load_config(profile, config, list(set_))), end="")
@@ -192,8 +190,7 @@ def ablation(
     out: Annotated[Optional[Path], typer.Option(help="Output folder (default: <lake>/reports/ablation-<domain>).")] = None,
 ) -> None:
     """genenv, genenv-random, genenv-static and seeds-only at equal rollout budget: a table and a plot."""
-    from engine.config import load_config
-    from engine.experiment import run_ablation
+    from engine.coevolution import load_config, run_ablation
 
     _check_positive(seeds=seeds)
     try:
@@ -226,8 +223,8 @@ def worker(
     set_: Annotated[list[str], typer.Option("--set", help="An option as name=value; repeatable.")] = [],
 ) -> None:
     """One role of the async mode, as a long-running Kafka consumer (Ctrl-C or SIGTERM stops it)."""
-    from engine.config import check_run_id, load_config
-    from engine.workers import ROLES, Worker
+    from engine.coevolution import check_run_id, load_config
+    from engine.workers import ROLES, worker as role_worker
 
     if role not in ROLES:
         raise UserError(f"unknown worker role {role!r}; roles: {', '.join(ROLES)} (the ingest worker is `genenv ingest`)")
@@ -238,7 +235,7 @@ def worker(
         raise UserError(str(exc)) from None
     lake_ = Lake(lake, create=False)
     with kafka_bootstrap(bootstrap) as servers:
-        Worker(role, cfg, lake_, servers, run_id, say=console.print).run(stop=lambda: False)
+        role_worker(role, cfg, lake_, servers, run_id, say=console.print).run(stop=lambda: False)
 
 
 @app.command()
@@ -254,8 +251,8 @@ def train(
     bootstrap: BootstrapOpt = None,
 ) -> None:
     """One update: train the agent or the simulator on its pool, write a checkpoint, publish and register it."""
-    from engine.overrides import OverrideError, apply_overrides
-    from engine.publishing import publish_checkpoint
+    from engine.coevolution import publish_checkpoint
+    from engine.coevolution.overrides import OverrideError, apply_overrides
     from trainers import KINDS, CheckpointError, ModelNotFound, TrainError, default_config, train_update
 
     if kind not in KINDS:
@@ -293,7 +290,7 @@ def ui(
 ) -> None:
     """A read-only web view of the lake: runs, epochs with metrics and plots, a task browser with each task's
     lineage, the quarantine with reasons. Ctrl-C stops it."""
-    from engine.ui import serve
+    from engine.lineage import serve
 
     _check_port(port)
     lake_ = Lake(lake, create=False)
@@ -309,7 +306,7 @@ def eval_(
     benchmark: Annotated[str, typer.Option(help="bfcl, api-bank, bamboogle, alfworld, travelplanner or all.")],
     model: Annotated[str, typer.Option(help="A built-in model name, folder, GGUF file or hub id, or a registered checkpoint: agent:vN, agent:latest.")],
     limit: Annotated[Optional[int], typer.Option(help="Items per benchmark at most (BFCL: per category; ALFWorld: games, every task type sampled).")] = None,
-    data: Annotated[Optional[Path], typer.Option(help="Folder holding api-bank/, bamboogle/, alfworld/, travelplanner/ (BFCL's data comes with bfcl-eval).")] = None,
+    data: Annotated[Optional[Path], typer.Option(help="Folder holding api-bank/, bamboogle/, alfworld/, travelplanner/ (default: the repository's data/; BFCL's data comes with bfcl-eval).")] = None,
     lake: LakeOpt = Path("genenv-lake"),
     batch_size: Annotated[int, typer.Option(help="Prompts generated at once.")] = 16,
 ) -> None:
@@ -360,7 +357,7 @@ RunOpt = Annotated[Optional[str], typer.Option("--run", help="Run id (default: t
 
 
 def _audited(fn, *args):
-    from engine.audit import AuditError
+    from engine.lineage import AuditError
     from trainers import CheckpointError
 
     try:
@@ -393,7 +390,7 @@ def audit_task(task_id: Annotated[str, typer.Argument(help="A task id (see `gene
                lake: LakeOpt = Path("genenv-lake"), as_json: JsonOpt = False) -> None:
     """The whole life of one task: prompt and generation, validation, rollouts with rewards, its batch's
     p_hat and R_env, the pool versions that hold it, the checkpoints trained on them."""
-    from engine.audit import audit_task as audit
+    from engine.lineage import audit_task as audit
 
     _show(_audited(audit, Lake(lake, create=False), task_id), as_json, f"task {task_id}")
 
@@ -403,7 +400,7 @@ def audit_checkpoint(kind: Annotated[str, typer.Argument(help="agent or env.")],
                      version: Annotated[int, typer.Argument(help="Registered version.")],
                      lake: LakeOpt = Path("genenv-lake"), as_json: JsonOpt = False) -> None:
     """A checkpoint's parents back to the base model, the pool rows each update trained on, its metrics."""
-    from engine.audit import audit_checkpoint as audit
+    from engine.lineage import audit_checkpoint as audit
 
     _show(_audited(audit, Lake(lake, create=False), kind, version), as_json, f"{kind} v{version}")
 
@@ -412,7 +409,7 @@ def audit_checkpoint(kind: Annotated[str, typer.Argument(help="agent or env.")],
 def audit_epoch(epoch: Annotated[int, typer.Argument(help="Epoch number (0 includes the warm start).")],
                 lake: LakeOpt = Path("genenv-lake"), run: RunOpt = None, as_json: JsonOpt = False) -> None:
     """One epoch of a run: tasks, valid share, quarantine by reason, agent success, share in band, checkpoints."""
-    from engine.audit import audit_epoch as audit
+    from engine.lineage import audit_epoch as audit
 
     answer = _audited(audit, Lake(lake, create=False), epoch, run)
     _show(answer, as_json, f"run {answer['run_id']}, epoch {epoch}")
@@ -434,7 +431,7 @@ def replay(
     import dataclasses
     import json
 
-    from engine.replay import ReplayError, replay_epoch
+    from engine.lineage import ReplayError, replay_epoch
     from trainers import CheckpointError
 
     if scratch is not None and scratch.exists() and not scratch.is_dir():

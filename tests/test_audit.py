@@ -17,7 +17,7 @@ import pytest
 
 from engine.domains import Verdict
 from engine.domains.arith import Arith
-from engine.replay import replay_epoch
+from engine.lineage import replay_epoch
 from lake import CHECKPOINTS, Lake, read_table, silver
 
 from conftest import ROOT, genenv_cli

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.demo import epoch_events, publish
+from demo_events import epoch_events, publish
 from lake import Lake, read_pool
 
 from conftest import genenv_cli

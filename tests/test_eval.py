@@ -11,12 +11,13 @@ import polars as pl
 import pytest
 
 from engine.benchmarks import BENCHMARKS, Ask, evaluate
-from engine.benchmarks.bfcl import BFCL, bfcl_checker
+from engine.benchmarks.bfcl import BFCL
+from engine.domains.calls import bfcl_checker
 from lake import EVAL_ITEMS, EVAL_RESULTS, Lake, read_table
 
 from conftest import ROOT, genenv_cli
 
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "data"  # the repository's benchmark data
 SAMPLE = {"bfcl": 6, "api-bank": 20, "bamboogle": 20, "alfworld": 3, "travelplanner": 8}  # BFCL: per category
 
 
@@ -121,7 +122,7 @@ def test_arguments_a_model_writes_are_never_evaluated(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (("--benchmark", "mmlu", "--model", "tiny"), "unknown benchmark 'mmlu'"),
     (("--benchmark", "bamboogle", "--model", "tiny", "--data", "/no/such/folder"), "--data /no/such/folder is not a folder"),
-    (("--benchmark", "bamboogle", "--model", "tiny"), "no --data folder given; it must hold bamboogle/bamboogle.json"),
+    (("--benchmark", "bamboogle", "--model", "tiny", "--data", str(ROOT / "tests")), "bamboogle/bamboogle.json does not exist"),
     (("--benchmark", "bfcl", "--model", "no-such-model-please"), "no-such-model-please"),
     (("--benchmark", "bfcl", "--model", "agent:v3"), "no agent checkpoint version 3"),
     (("--benchmark", "bamboogle", "--model", "tiny", "--limit", "0"), "--limit must be >= 1"),
@@ -142,7 +143,7 @@ def test_missing_data_names_the_file_and_where_to_get_it(tmp_path):
 
 def test_genenv_eval_writes_its_results_to_the_lake(tmp_path):
     root = tmp_path / "lake"
-    result = genenv_cli("eval", "--benchmark", "bamboogle", "--model", "tiny", "--limit", "3", "--data", str(DATA),
+    result = genenv_cli("eval", "--benchmark", "bamboogle", "--model", "tiny", "--limit", "3",  # data/ by default
                         "--lake", str(root), timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     lake = Lake(root, create=False)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from engine.demo import epoch_events
+from demo_events import epoch_events
 from streams import EVENT_TYPES, EventDecodeError, RewardScored, TaskGenerated, decode
 from streams.events import MAX_EVENT_BYTES
 

@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.demo import epoch_events
+from demo_events import epoch_events
 from lake import CHECKPOINTS, QUARANTINE, VALIDATIONS, WEIGHTS, Lake, checkpoint_path, file_sha256, read_table, silver
 from streams import TOPICS, CheckpointPublished, EventProducer, TaskGenerated
 from streams.events import field_types
@@ -315,7 +315,7 @@ class Links(html.parser.HTMLParser):
 
 
 def test_every_link_of_the_web_view_answers_200_or_404(fuzzed):
-    from engine.ui import create_app
+    from engine.lineage import create_app
 
     client = create_app(fuzzed["lake"]).test_client()
     queue = ["/", "/quarantine", "/evals", "/tasks?q=a/", "/run?id=nope", "/task?id=nope", "/plot?run=fuzz&name=x",

@@ -16,7 +16,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from engine.demo import epoch_events, publish
+from demo_events import epoch_events, publish
 from lake import (
     D_ENV, D_TRAIN, QUARANTINE, VALIDATIONS, IngestConfig, Ingestor, Lake, ingest, quarantine_by_reason, read_pool, read_table, silver,
     versions,

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from engine.demo import epoch_events
+from demo_events import epoch_events
 from lake import QUARANTINE, IngestConfig, Lake, ingest, read_table, silver
 from lake.tables import bronze
 from streams import EventProducer

@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from engine.publishing import publish_checkpoint
+from engine.coevolution import publish_checkpoint
 from lake import Lake, ingest, read_pool
 from streams import BatchScored, EventProducer, RewardScored, RolloutCompleted, TaskGenerated
 from trainers import (

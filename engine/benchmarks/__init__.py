@@ -1,7 +1,7 @@
 """Offline benchmarks for any agent checkpoint: BFCL, API-Bank, Bamboogle, ALFWorld and TravelPlanner.
 
     from engine.benchmarks import evaluate, model_agent, record
-    report = evaluate("bamboogle", model_agent("agent:v3", lake), data=Path("../shared/data"))
+    report = evaluate("bamboogle", model_agent("agent:v3", lake), data=Path("data"))
 """
 
 from .base import Agent, Ask, Benchmark, DataMissing, Item, ItemResult

@@ -83,7 +83,7 @@ class Game:
 
 class ALFWorld(Benchmark):
     name = "alfworld"
-    source = "alfworld/**/game.tw-pddl (ALFWorld json_2.1.1 valid_unseen games); see ../shared/data/README.md"
+    source = "alfworld/**/game.tw-pddl (ALFWorld json_2.1.1 valid_unseen games); see data/README.md"
     headline = "success"
     scoring = "won within 50 steps; a reply that is not admissible is mapped to the closest admissible command"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..domains.toolcall import parse_calls
+from ..domains.calls import read_calls
 from .base import Ask, Benchmark, DataMissing, Item, ItemResult, limited, mean
 
 SYSTEM = "You call APIs for a user. Reply with the API request only."
@@ -26,7 +26,7 @@ SCORING = "name and argument match (API-Bank's API simulator is not in the data;
 def read_call(text: str) -> list[tuple[str, dict]] | str:
     """The calls of the first `[Name(...)]` in the text, with or without API-Bank's "API-Request:" before it."""
     match = REQUEST.search(text)
-    return parse_calls(match.group(0) if match else text.strip())
+    return read_calls(match.group(0) if match else text.strip())
 
 
 def same_value(a, b) -> bool:
@@ -39,7 +39,7 @@ def same_value(a, b) -> bool:
 
 class APIBank(Benchmark):
     name = "api-bank"
-    source = "api-bank/level-1-api.json from AlibabaResearch/DAMO-ConvAI api-bank/test-data; see ../shared/data/README.md"
+    source = "api-bank/level-1-api.json from AlibabaResearch/DAMO-ConvAI api-bank/test-data; see data/README.md"
     headline = "accuracy"
     scoring = SCORING
 

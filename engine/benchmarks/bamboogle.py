@@ -30,7 +30,7 @@ def first_line(text: str) -> str:
 
 class Bamboogle(Benchmark):
     name = "bamboogle"
-    source = "bamboogle/bamboogle.json from LoganMilandin/comp-gap-public data/bamboogle.json; see ../shared/data/README.md"
+    source = "bamboogle/bamboogle.json from LoganMilandin/comp-gap-public data/bamboogle.json; see data/README.md"
     headline = "exact_match"
     scoring = "exact match and token F1 after SQuAD normalisation"
 

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from ..domains.qa import normalise as normalize_answer  # SQuAD's normaliser, one for training and evaluation
 
 Progress = Callable[[int, int], None]
+DATA = Path(__file__).resolve().parents[2] / "data"  # the repository's benchmark data (data/README.md)
 
 
 class DataMissing(FileNotFoundError):
@@ -96,10 +97,9 @@ class Benchmark:
             raise DataMissing(f"{self.name}: {path} is not {'JSON lines' if lines else 'JSON'} ({exc})") from None
 
     def file(self, data: Path | None, relative: str) -> Path:
-        """A data file under --data, or DataMissing naming it and where to get it."""
-        if data is None:
-            raise DataMissing(f"{self.name}: no --data folder given; it must hold {relative} ({self.source})")
-        path = Path(data) / relative
+        """A data file under `data` (default: the repository's data/ folder), or DataMissing naming it and where
+        to get it."""
+        path = Path(DATA if data is None else data) / relative
         if not path.exists():
             raise DataMissing(f"{self.name}: {path} does not exist ({self.source})")
         return path

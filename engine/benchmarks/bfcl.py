@@ -7,38 +7,26 @@
 Data: bfcl_eval/data/BFCL_v4_<category>.json and possible_answer/ from the PyPI package bfcl-eval (JSON lines).
 The agent answers in BFCL's prompting format, `[func_name(param=value, ...)]`.
 
-Decoding differs from bfcl-eval's `default_decode_ast_prompting` in one way, on purpose: argument values must
-be Python literals (`ast.literal_eval`). bfcl-eval evaluates arithmetic in arguments with `eval` and reads a
-bare name as its string; generated text is never evaluated here, so such answers count as wrong.
+Answers are read and matched by engine/domains/calls.py, the matcher the toolcall domain's reward uses too:
+bfcl-eval's `ast_checker` behind both, with arguments read as Python literals and never evaluated (bfcl-eval's
+own decoder evaluates arithmetic with `eval`; such answers count as wrong here).
 
 Summary as BFCL computes it (bfcl_eval/eval_checker/eval_runner_helper.py): the non-live AST accuracy is the
 unweighted mean of simple, multiple, parallel and parallel_multiple, where simple is the unweighted mean of
 simple_python, simple_java and simple_javascript; only simple_python is run here, so simple = simple_python.
 Irrelevance is BFCL's separate hallucination measure and is not part of that mean.
-
-Importing the checker: `ast_checker.py` imports `bfcl_eval.constants.model_config` for one lookup (whether a
-provider needs dots in function names turned into underscores), and that module imports every provider's
-handler and SDK. It is imported here with a small stand-in for that one module, naming the only field the
-checker reads (`underscore_to_dot`, false: our agent writes names as BFCL does).
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import json
-import sys
-import types
-from collections import defaultdict
 from pathlib import Path
-from types import SimpleNamespace
 
-from ..domains.toolcall import parse_calls
+from ..domains.calls import match_calls, read_calls
 from .base import Ask, Benchmark, DataMissing, Item, ItemResult, limited, mean, per_category
 
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
 AST_CATEGORIES = CATEGORIES[:4]
-MODEL_NAME = "genenv"
 SYSTEM = ("You are an expert in composing functions. You are given a question and a set of possible functions. "
           "Based on the question, make one or more function calls to achieve the purpose. If none of the functions "
           "can be used, point it out and make no call. Reply with the calls only, in the format "
@@ -46,34 +34,10 @@ SYSTEM = ("You are an expert in composing functions. You are given a question an
 NO_CALL = "None of the given functions can be used for this question."
 
 
-@functools.cache
-def bfcl_checker():
-    """bfcl-eval's `ast_checker` and its Language enum, imported without the provider SDKs (see the module's docstring)."""
-    name = "bfcl_eval.constants.model_config"
-    inserted = name not in sys.modules
-    if inserted:
-        stand_in = types.ModuleType(name)
-        stand_in.MODEL_CONFIG_MAPPING = defaultdict(lambda: SimpleNamespace(underscore_to_dot=False))
-        sys.modules[name] = stand_in
-    try:
-        checker = importlib.import_module("bfcl_eval.eval_checker.ast_eval.ast_checker")
-        enums = importlib.import_module("bfcl_eval.constants.enums")
-    except ModuleNotFoundError as exc:
-        raise DataMissing(f"bfcl: the bfcl-eval package is not installed ({exc.name}); "
-                          "`pip install --no-deps bfcl-eval` (make install does)") from None
-    finally:
-        if inserted:
-            sys.modules.pop(name, None)  # later imports of the real module are not answered by the stand-in
-    return checker.ast_checker, enums.Language.PYTHON
-
-
 def decode(response: str) -> list[dict] | str:
     """The answer's calls as BFCL's checker takes them ([{name: {param: value}}]), or why they cannot be read."""
-    text = response.strip("`\n ")
-    calls = parse_calls(text)
-    if isinstance(calls, str):
-        return calls
-    return [{name: args} for name, args in calls]
+    calls = read_calls(response)
+    return calls if isinstance(calls, str) else [{name: args} for name, args in calls]
 
 
 def first(options: list):
@@ -109,7 +73,7 @@ class BFCL(Benchmark):
     name = "bfcl"
     source = "the PyPI package bfcl-eval ships bfcl_eval/data; `pip install --no-deps bfcl-eval`"
     headline = "non_live_ast"
-    scoring = "bfcl-eval's ast_checker; arguments read as literals, never evaluated (see engine/benchmarks/bfcl.py)"
+    scoring = "bfcl-eval's ast_checker; arguments read as literals, never evaluated (see engine/domains/calls.py)"
 
     def __init__(self, categories: tuple[str, ...] = CATEGORIES):
         self.categories = categories
@@ -150,12 +114,8 @@ class BFCL(Benchmark):
             called = not isinstance(decoded, str) and bool(decoded)
             return ItemResult(item.item_id, item.category, response, float(not called),
                               detail="made a call where none applies" if called else "no call")
-        if isinstance(decoded, str):
-            return ItemResult(item.item_id, item.category, response, 0.0, detail=f"ast_decoder:decoder_failed: {decoded}")
-        checker, python = bfcl_checker()
-        verdict = checker(item.data["functions"], decoded, item.data["ground_truth"], python, item.category, MODEL_NAME)
-        detail = "valid" if verdict["valid"] else f"{verdict.get('error_type')}: {'; '.join(map(str, verdict.get('error', [])))}"
-        return ItemResult(item.item_id, item.category, response, float(verdict["valid"]), detail=detail[:500])
+        match = match_calls(item.data["functions"], response, item.data["ground_truth"], item.category)
+        return ItemResult(item.item_id, item.category, response, float(match.valid), detail=match.detail)
 
     def summary(self, results: list[ItemResult]) -> dict[str, float]:
         by_category = per_category(results)

@@ -1,7 +1,7 @@
 """The evaluation harness: any model or registered checkpoint on any benchmark, results into the lake.
 
     agent = model_agent("agent:v3", lake)     # or "smollm2-135m", a folder, a GGUF file, a hub id
-    report = evaluate("bfcl", agent, data=Path("../shared/data"), limit=50)
+    report = evaluate("bfcl", agent, data=Path("data"), limit=50)
     record(lake, report)                      # eval/results (one row per metric), eval/items (one per item)
 
 A model answers greedily, in batches (`TransformersBackend`), with its chat template. Checkpoints are named

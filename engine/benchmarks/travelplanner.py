@@ -291,7 +291,7 @@ def hard_constraints(plan: list[dict], query: dict, box: Sandbox) -> dict[str, b
 class TravelPlanner(Benchmark):
     name = "travelplanner"
     source = ("travelplanner/std_travelplanner.jsonl and train_ref_info.jsonl from OSU-NLP-Group/TravelPlanner; "
-              "see ../shared/data/README.md")
+              "see data/README.md")
     headline = "final_pass_rate"
     scoring = "the paper's metrics on each query's reference information (see engine/benchmarks/travelplanner.py)"
 

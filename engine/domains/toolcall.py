@@ -5,25 +5,25 @@ of difficulty; the simulator picks one and writes the user's request for it, and
 the candidate whose every value the request carries (and refuses a request that spells out a call).
 Which candidate the simulator picks is how it sets the difficulty. The agent answers with a
 Python-style call, `name(arg='value', ...)` (one per line for parallel requests), which the
-checker reads with `ast` (never eval: argument values go through ast.literal_eval, function names
-must be plain dotted names) and scores with BFCL's AST rules: the function name, every required
-parameter present, no unknown parameter, each value of the schema's type, strings compared after
-lower-casing and stripping spaces and punctuation, an optional parameter the reference leaves out
-accepted only at its default. Parallel calls match in any order.
+checker reads with `ast` (never eval) and scores with bfcl-eval's own AST checker, the one the BFCL
+benchmark uses (engine/domains/calls.py): the function name, every required parameter present, no
+unknown parameter, each value of the schema's type, strings compared after lower-casing and removing
+spaces and `,./-_*^`, an optional parameter the reference leaves out accepted only at its default.
+Parallel calls match in any order. Schemas use BFCL's type names (string, integer, float, boolean,
+array with items, dict).
 
 Difficulty: tools offered, arguments, optional arguments, distractor tools, parallel calls.
 """
 
 from __future__ import annotations
 
-import ast
+import functools
 import json
 import random
-import re
-import string
 from pathlib import Path
 
 from .base import Invalid, SimulatorRequest, Task, Verdict, example_summary
+from .calls import match_calls, possible_answers, read_calls
 
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver", "Hanoi", "Quito", "Perth", "Dakar", "Bergen", "Leeds",
           "Austin", "Porto", "Seville", "Kyoto", "Nairobi", "Tunis", "Malmo", "Geneva", "Krakow", "Valencia"]
@@ -42,7 +42,7 @@ TOOLS = {
         "city": {"type": "string", "description": "City name"},
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"}}, ["city"]),
     "convert_currency": _tool("convert_currency", "Convert an amount between currencies.", {
-        "amount": {"type": "number"}, "from_currency": {"type": "string"}, "to_currency": {"type": "string"}},
+        "amount": {"type": "float"}, "from_currency": {"type": "string"}, "to_currency": {"type": "string"}},
         ["amount", "from_currency", "to_currency"]),
     "book_table": _tool("book_table", "Book a restaurant table.", {
         "city": {"type": "string"}, "people": {"type": "integer"},
@@ -60,11 +60,6 @@ REQUEST_TEMPLATES = {
 }
 CHOICES = 3  # candidate tasks the simulator picks from
 TEXTS = ["running late", "see you soon", "call me back", "meeting moved"]
-PUNCTUATION = str.maketrans("", "", string.punctuation + " ")
-
-
-def normalise(value: str) -> str:
-    return value.lower().translate(PUNCTUATION)
 
 
 def sample_call(rng: random.Random, name: str, optional: bool, cities: list[str]) -> dict:
@@ -89,52 +84,21 @@ def format_call(call: dict) -> str:
     return f"{call['name']}(" + ", ".join(f"{k}={v!r}" for k, v in call["arguments"].items()) + ")"
 
 
-def parse_calls(answer: str) -> list[tuple[str, dict]] | str:
-    """The calls in an answer as (dotted name, literal arguments), or the reason they cannot be read."""
-    text = answer.strip().strip("`").strip()
-    text = re.sub(r"^(python|json)\s*\n", "", text)
-    candidates = [text] + [line.strip() for line in text.splitlines() if line.strip()]
-    nodes = []
-    try:
-        tree = ast.parse(text, mode="eval").body
-        nodes = list(tree.elts) if isinstance(tree, (ast.List, ast.Tuple)) else [tree]
-    except SyntaxError:
-        try:
-            nodes = [ast.parse(line, mode="eval").body for line in candidates[1:]]
-        except SyntaxError:
-            return "not a call: the answer does not parse as Python call syntax"
-    calls = []
-    for node in nodes:
-        if not isinstance(node, ast.Call):
-            return "not a call"
-        name = _dotted(node.func)
-        if name is None:
-            return "not a plain function name"
-        if node.args:
-            return f"{name}: positional arguments are not allowed"
-        args = {}
-        for keyword in node.keywords:
-            if keyword.arg is None:
-                return f"{name}: **kwargs are not allowed"
-            try:
-                args[keyword.arg] = ast.literal_eval(keyword.value)  # literals only: nothing is executed
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                return f"{name}({keyword.arg}=...): not a literal value"
-        calls.append((name, args))
-    return calls
+API_BANK_TYPES = {"str": "string", "int": "integer", "float": "float", "bool": "boolean", "list": "array", "list(str)": "array"}
 
 
-def _dotted(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        head = _dotted(node.value)
-        return f"{head}.{node.attr}" if head else None
-    return None
+def seed_file_path(path: Path) -> Path:
+    """API-Bank's level-1-api.json, given it or its folder; ValueError when it is not there."""
+    path = path / "level-1-api.json" if path.is_dir() else path
+    if not path.is_file():
+        raise ValueError(f"toolcall seeds: {path} does not exist (API-Bank's level-1-api.json, see data/README.md)")
+    return path
 
 
-TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,)}
-API_BANK_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "list": "array", "list(str)": "array"}
+def api_bank_type(name: str) -> dict:
+    """An API-Bank parameter type as a BFCL schema type (lists hold strings: API-Bank gives no item type)."""
+    kind = API_BANK_TYPES.get(name, "string")
+    return {"type": kind, "items": {"type": "string"}} if kind == "array" else {"type": kind}
 
 
 def api_bank_seeds(path: Path) -> list[tuple[str, Task]]:
@@ -142,9 +106,7 @@ def api_bank_seeds(path: Path) -> list[tuple[str, Task]]:
     utterance, the APIs described in the instruction (all parameters required, as API-Bank has no optional
     ones) and the call in `expected_output`. Items whose call does not read as literal calls, or breaks its
     own API description's types, are skipped."""
-    path = path / "level-1-api.json" if path.is_dir() else path
-    if not path.is_file():
-        raise ValueError(f"toolcall seeds: {path} does not exist (API-Bank's level-1-api.json, see ../shared/data/README.md)")
+    path = seed_file_path(path)
     try:
         items = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -154,17 +116,16 @@ def api_bank_seeds(path: Path) -> list[tuple[str, Task]]:
         try:
             described = [json.loads(line) for line in item["instruction"].split("API descriptions:")[1].strip().splitlines()]
             tools = [_tool(d["name"], d.get("description", ""),
-                           {k: {"type": API_BANK_TYPES.get(v["type"], "string")} for k, v in d["input_parameters"].items()},
+                           {k: api_bank_type(v["type"]) for k, v in d["input_parameters"].items()},
                            list(d["input_parameters"])) for d in described]
-            calls = parse_calls(item["expected_output"].removeprefix("API-Request:").strip())
+            calls = read_calls(item["expected_output"].removeprefix("API-Request:").strip())
             users = [line[len("User:"):].strip() for line in item["input"].splitlines() if line.startswith("User:")]
         except (KeyError, IndexError, ValueError, AttributeError):
             continue
         if isinstance(calls, str) or not users:
             continue
         reference = [{"name": name, "arguments": args} for name, args in calls]
-        by_name = {t["name"]: t for t in tools}
-        if any(c["name"] not in by_name or match_call(by_name[c["name"]], c, c["name"], c["arguments"]) for c in reference):
+        if not match_calls(tools, calls, possible_answers(reference, tools)).valid:
             continue  # the gold call contradicts its own API description (e.g. '2' for an int): not a fair task
         difficulty = {"level": 1, "tools_offered": len(tools), "arguments": sum(len(c["arguments"]) for c in reference),
                       "optional_arguments": 0, "distractors": len(tools) - len(reference), "parallel_calls": len(reference)}
@@ -172,30 +133,6 @@ def api_bank_seeds(path: Path) -> list[tuple[str, Task]]:
     if not seeds:
         raise ValueError(f"toolcall seeds: no usable API-Bank items in {path}")
     return seeds
-
-
-def match_call(tool: dict, expected: dict, name: str, args: dict) -> str | None:
-    """BFCL's AST rules for one call; None when it matches, else the first rule it breaks."""
-    if name != expected["name"]:
-        return f"function {name}, expected {expected['name']}"
-    properties = tool["parameters"]["properties"]
-    for param in tool["parameters"]["required"]:
-        if param not in args:
-            return f"{name}: missing required parameter {param}"
-    for param, value in args.items():
-        if param not in properties:
-            return f"{name}: unknown parameter {param}"
-        kind = properties[param]["type"]
-        if not isinstance(value, TYPES[kind]) or (kind != "boolean" and isinstance(value, bool)):
-            return f"{name}({param}): {type(value).__name__} is not {kind}"
-        want = expected["arguments"].get(param, properties[param].get("default"))
-        same = normalise(value) == normalise(want) if isinstance(want, str) and isinstance(value, str) else value == want
-        if not same:
-            return f"{name}({param}={value!r}): expected {want!r}"
-    for param in expected["arguments"]:
-        if param not in args and expected["arguments"][param] != properties[param].get("default"):
-            return f"{name}: missing parameter {param}"
-    return None
 
 
 def signature(tool: dict) -> str:
@@ -227,7 +164,14 @@ class ToolCall:
     difficulty_feature = "level"
 
     def __init__(self, seeds_path: str = ""):
-        self.seed_file = api_bank_seeds(Path(seeds_path)) if seeds_path else None
+        self.seeds_path = seeds_path
+        if seeds_path:
+            seed_file_path(Path(seeds_path))  # a wrong path stops here; the file is read on first use
+
+    @functools.cached_property
+    def seed_file(self) -> list[tuple[str, Task]] | None:
+        """The API-Bank seeds, read on first use (building a domain reads no file)."""
+        return api_bank_seeds(Path(self.seeds_path)) if self.seeds_path else None
 
     def _spec(self, rng: random.Random, cities: list[str], level: int | None = None) -> dict:
         level = rng.randint(0, 4) if level is None else level
@@ -311,22 +255,9 @@ class ToolCall:
         return f"Tools:\n{tools}\nRequest: {task.prompt}\nReply with {what} like name(arg='value')."
 
     def check(self, task: Task, answer: str) -> Verdict:
-        calls = parse_calls(answer)
-        if isinstance(calls, str):
-            return Verdict(0.0, False, calls)
-        expected = list(task.reference)
-        if len(calls) != len(expected):
-            return Verdict(0.0, False, f"{len(calls)} calls, expected {len(expected)}")
-        tools = {t["name"]: t for t in task.tools}
-        remaining = list(expected)
-        for name, args in calls:
-            if name not in tools:
-                return Verdict(0.0, False, f"function {name} is not offered")
-            failures = [match_call(tools[name], want, name, args) for want in remaining]
-            if None not in failures:
-                return Verdict(0.0, False, failures[0])
-            remaining.pop(failures.index(None))
-        return Verdict(1.0, True, "all calls match")
+        """BFCL's rules, by bfcl-eval's checker (engine/domains/calls.py): the reward is what evaluation would say."""
+        match = match_calls(task.tools, answer, possible_answers(task.reference, task.tools))
+        return Verdict(float(match.valid), match.valid, match.detail)
 
     def validation_set(self, n: int) -> list[Task]:
         rng = random.Random(0x7001)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # demo_events
 
 import polars as pl  # noqa: E402
 import pyarrow as pa  # noqa: E402
@@ -38,7 +39,7 @@ from lake.tables import BRONZE_SCHEMA, bronze  # noqa: E402
 
 def build_lake(root: Path, n_tasks: int, group: int, chunk_tasks: int = 10_000) -> dict:
     """n_tasks synthetic tasks (G rollouts and rewards each, a batch per 64 tasks) into bronze, refined chunk by chunk."""
-    from engine.demo import epoch_events
+    from demo_events import epoch_events
 
     lake = Lake(root)
     offsets: dict[str, int] = {}
@@ -94,16 +95,17 @@ def time_calls(fn, ids: list[str]) -> dict:
 
 def bench_replay(root: Path, mode: str) -> dict:
     """A quick run (tiny models) into the lake at `root`; each epoch's wall time against its replay's."""
-    from engine.config import load_config
-    from engine.loop import Engine
-    from engine.publishing import LakeWriter
-    from engine.replay import replay_epoch
+    from engine.coevolution import load_config
+    from engine.coevolution import CoEvolution
+    from engine.coevolution import LakeWriter
+    from engine.lineage import replay_epoch
     from streams import LocalBroker
 
     lake = Lake(root)
     config = load_config("quick", None, ["seed=1", f"mode={mode}", "epochs=3"])
     with LocalBroker() as broker, LakeWriter(lake, broker.bootstrap) as writer:
-        engine = Engine(config, lake, writer, say=lambda _: None)
+        engine = CoEvolution(config, lake, writer, say=lambda _: None)
+        engine.prepare()
         start = time.perf_counter()
         engine.warm_start()
         warm = time.perf_counter() - start
@@ -130,7 +132,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=30)
     args = parser.parse_args()
 
-    from engine.audit import audit_task
+    from engine.lineage import audit_task
 
     root = args.lake or Path(tempfile.mkdtemp(prefix="genenv-bench-audit-"))
     built = (Lake(root, create=False) if (root / "silver").is_dir() else None)

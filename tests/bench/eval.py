@@ -1,6 +1,6 @@
 """Benchmark: the evaluation harness's scoring speed per benchmark, and end-to-end BFCL with a real model.
 
-    .venv/bin/python tests/bench/eval.py [--data ../shared/data] [--model smollm2-135m] [--items 16]
+    .venv/bin/python tests/bench/eval.py [--data data] [--model smollm2-135m] [--items 16]
 
 Prints JSON:
 - scoring: items per second of scoring alone, per benchmark, with gold answers and no model (ALFWorld:
@@ -72,7 +72,7 @@ def end_to_end(model: str, n: int, batch: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--data", type=Path, default=ROOT / "data")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--items", type=int, default=16)
     parser.add_argument("--batch", type=int, default=16)

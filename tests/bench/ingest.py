@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # peak_rss
 
 
 def clean_events(n: int) -> list:
-    from engine.demo import epoch_events
+    from demo_events import epoch_events
 
     events, epoch = [], 0
     while len(events) < n:

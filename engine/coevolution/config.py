@@ -1,0 +1,217 @@
+"""The run's configuration: one dataclass tree, a TOML file, profiles, and `--set name=value` overrides.
+
+    [run] keys at the top level (domain, mode, epochs, ...), then tables
+    [curriculum]  alpha, beta, k, granularity, weight_temperature
+    [agent]       GRPO options with TRL's names (learning_rate, beta, epsilon, loss_type, ...)
+    [env]         RWR options (learning_rate, weight_temperature, kl_coef, ...)
+
+Precedence: defaults < profile < config file < --set. Every value is checked before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import tomli_w
+
+from trainers import GRPOConfig, RWRConfig
+
+from ..domains import DOMAINS, get_domain
+from .curriculum import CurriculumConfig
+from .overrides import OverrideError, apply_values, parse_pairs
+
+MODES = ("genenv", "genenv-random", "genenv-static", "seeds-only")
+
+
+@dataclass
+class RunConfig:
+    domain: str = "toolcall"  # the domain where a measured CPU run shows learning (README)
+    mode: Literal["genenv", "genenv-random", "genenv-static", "seeds-only"] = "genenv"
+    epochs: int = 4
+    tasks_per_epoch: int = 8  # simulator generations per epoch
+    batch_size: int = 4  # tasks per curriculum batch (granularity "batch")
+    group_size: int = 4  # rollouts per task (G)
+    agent_model: str = "smollm2-135m"
+    env_model: str = "smollm2-135m"
+    seed: int = 0
+    run_id: str = ""  # default: <domain>-<mode>-s<seed>-<time>
+    temperature: float = 0.8  # sampling temperature of rollouts and task generations
+    agent_max_new_tokens: int = 24
+    env_max_new_tokens: int = 40
+    generation_batch_size: int = 32
+    max_generation_attempts: int = 4  # rounds of simulator generation to reach tasks_per_epoch valid tasks
+    validation_size: int = 24  # held-out tasks scored greedily after every epoch
+    warm_start: bool = True  # SFT both models on seed tasks before epoch 0 (docs/DESIGN.md)
+    # On 2 CPU cores a 135M model trains at ~100 tokens/s: 24 seeds x 2 passes is about 80 s per model.
+    warm_start_tasks: int = 24
+    warm_start_epochs: int = 2
+    warm_start_learning_rate: float = 1e-4
+    seeds_path: str = ""  # toolcall: draw the seeds from API-Bank's level-1-api.json (e.g. data/api-bank)
+    backend: Literal["transformers", "vllm"] = "transformers"
+    # Task granularity: with 8 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
+    # G = 4 a task's p_hat is a multiple of 0.25, so k = 0.25 keeps the tasks solved sometimes but not always.
+    curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(granularity="task", k=0.25))
+    # One optimiser step per epoch over all its rollouts (8 x 4 micro-batches): a 135M model's GRPO gradient is noisy.
+    agent: GRPOConfig = field(default_factory=lambda: GRPOConfig(learning_rate=1e-5, per_device_train_batch_size=8,
+                                                                gradient_accumulation_steps=4, temperature=0.8))
+    env: RWRConfig = field(default_factory=lambda: RWRConfig(learning_rate=1e-5, per_device_train_batch_size=8))
+
+    def check(self) -> None:
+        """Raise ValueError naming the first bad value."""
+        if self.domain not in DOMAINS:
+            raise ValueError(f"domain must be one of {', '.join(DOMAINS)}, got {self.domain!r}")
+        if self.run_id:
+            check_run_id(self.run_id)
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for name in ("epochs", "tasks_per_epoch", "batch_size", "group_size", "agent_max_new_tokens",
+                     "env_max_new_tokens", "generation_batch_size", "max_generation_attempts", "validation_size", "warm_start_tasks",
+                     "warm_start_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (GRPO compares rollouts within a group), got {self.group_size}")
+        if self.seeds_path:
+            get_domain(self.domain, self.seeds_path).seed_file  # read now: raises naming what is missing
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.backend not in ("transformers", "vllm"):
+            raise ValueError(f"backend must be transformers or vllm, got {self.backend!r}")
+        for section in ("curriculum", "agent", "env"):
+            try:
+                getattr(self, section).check()
+            except ValueError as exc:
+                raise ValueError(f"[{section}] {exc}") from None
+        if self.agent.temperature != self.temperature:
+            raise ValueError("agent.temperature must equal temperature (the logprobs are recorded at the sampling temperature)")
+
+
+PROFILES: dict[str, dict] = {
+    # tiny models, 2 epochs: the whole loop in about a minute on a laptop CPU (tests use it). A random tiny
+    # model needs ~150 passes over 16 seeds before it writes parseable tasks.
+    "quick": {"domain": "arith", "agent_model": "tiny", "env_model": "tiny", "epochs": 2, "tasks_per_epoch": 4, "batch_size": 2,
+              "group_size": 4, "agent_max_new_tokens": 8, "env_max_new_tokens": 24, "validation_size": 6,
+              "warm_start_tasks": 16, "warm_start_epochs": 150, "warm_start_learning_rate": 5e-3,
+              "agent.learning_rate": 1e-3, "env.learning_rate": 1e-3},
+    # smollm2-135m on CPU: the embedded default
+    "default": {},  # see RunConfig's defaults
+    # the paper's settings (Qwen2.5-7B-Instruct, batch 64, 8 rollouts, vLLM) for GPU machines
+    "paper": {"agent_model": "Qwen/Qwen2.5-7B-Instruct", "env_model": "Qwen/Qwen2.5-7B-Instruct", "epochs": 10,
+              "tasks_per_epoch": 64, "batch_size": 64, "group_size": 8, "agent_max_new_tokens": 512,
+              "env_max_new_tokens": 512, "validation_size": 200, "warm_start": False, "backend": "vllm",
+              "temperature": 1.0, "curriculum.granularity": "batch", "curriculum.k": 0.1,
+              "generation_batch_size": 256, "agent.learning_rate": 1e-6, "env.learning_rate": 1e-6,
+              "agent.per_device_train_batch_size": 8, "agent.gradient_accumulation_steps": 8},
+}
+
+
+def _flatten(table: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """A TOML table as (name or section.name, value) items, values as TOML typed them."""
+    items = []
+    for key, value in table.items():
+        if isinstance(value, dict):
+            items += _flatten(value, f"{prefix}{key}.")
+        else:
+            items.append((f"{prefix}{key}", value))
+    return items
+
+
+def override(config: RunConfig, items: list[tuple[str, object]]) -> RunConfig:
+    """Apply (name or section.name, value) items: text as from `--set`, or values a TOML file typed."""
+    top, sections = {}, {"curriculum": {}, "agent": {}, "env": {}}
+    for name, value in items:
+        section, dot, rest = name.partition(".")
+        if dot and section in sections:
+            sections[section][rest] = value
+        elif dot:
+            raise OverrideError(f"{name}: no section {section!r} (sections: {', '.join(sections)})")
+        else:
+            top[name] = value
+    config = apply_values(config, top)
+    changes = {}
+    for section, values in sections.items():
+        if values:
+            try:
+                changes[section] = apply_values(getattr(config, section), values)
+            except OverrideError as exc:
+                raise OverrideError(f"{section}.{exc}") from None
+    if "temperature" in {name.strip() for name in top}:  # the agent's logprob temperature follows
+        changes["agent"] = dataclasses.replace(changes.get("agent", config.agent), temperature=config.temperature)
+    return dataclasses.replace(config, **changes)
+
+
+def load_config(profile: str = "default", path: Path | None = None, sets: list[str] = ()) -> RunConfig:
+    """Defaults < profile < file < sets; raises ValueError (one line) on anything unknown or out of range."""
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    config = override(RunConfig(), list(PROFILES[profile].items()))
+    if path is not None:
+        if not path.is_file():
+            raise ValueError(f"config file {path} does not exist")
+        try:
+            table = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+        config = override(config, _flatten(table))
+    config = override(config, parse_pairs(list(sets)))
+    config.check()
+    return config
+
+
+def to_toml(config: RunConfig) -> str:
+    """The full configuration as TOML (written into the report folder, and a template for users), by tomli-w, so
+    every value reads back as it was (TOML has no null: an unset optional is "none", as on the command line)."""
+    def plain(value):
+        if value is None:
+            return "none"
+        return list(value) if isinstance(value, tuple) else value
+
+    def table(obj) -> dict:
+        return {f.name: table(v) if dataclasses.is_dataclass(v := getattr(obj, f.name)) else plain(v)
+                for f in dataclasses.fields(obj)}
+
+    return tomli_w.dumps(table(config))
+
+
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a run id names a file: <lake>/runs/<run id>.toml
+
+
+def check_run_id(run_id: str) -> str:
+    """`run_id` if it can name a file in <lake>/runs/; ValueError otherwise."""
+    if not RUN_ID.fullmatch(run_id):
+        raise ValueError(f"run id {run_id!r:.80} must be 1-128 letters, digits, '.', '_' or '-', not starting with "
+                         "'.', '_' or '-'")
+    return run_id
+
+
+def run_config_path(lake_root: str, run_id: str) -> Path:
+    """Where a run's full configuration is kept beside its lake (replay and audit read it back). Run ids in events
+    are a producer's text: one that could not name a file there (a "/", "..") is refused, never followed."""
+    return Path(lake_root) / "runs" / f"{check_run_id(run_id)}.toml"
+
+
+def record_run_config(lake_root: str, run_id: str, config: RunConfig) -> Path | None:
+    """Write the run's configuration once (a run's workers all call this; the first one writes it). Like
+    checkpoints, it lives under a local lake root; a remote lake gets none (None)."""
+    if "://" in lake_root:
+        return None
+    path = run_config_path(lake_root, run_id)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_text(to_toml(config))
+        partial.replace(path)
+    return path
+
+
+def recorded_run_config(lake_root: str, run_id: str) -> RunConfig:
+    path = run_config_path(lake_root, run_id)
+    if not path.is_file():
+        raise ValueError(f"run {run_id} has no recorded configuration at {path} (runs record it when they start)")
+    return load_config("default", path)

@@ -1,0 +1,266 @@
+"""The co-evolution's roles: small components with explicit inputs and outputs, events in and events out.
+
+    Simulator   simulator requests -> generations -> tasks                  TaskGenerated
+    Rollouts    tasks -> group_size rollouts each, with behaviour logprobs  RolloutCompleted
+    Scorer      rollouts -> rewards; complete groups -> curriculum scores   RewardScored, BatchScored
+    Updater     a pool version -> a checkpoint                              CheckpointPublished
+
+The sync loop (sync.py) calls them in order; each async worker (engine/workers) wraps one of them in a
+Kafka consumer loop. A role's constructor takes configuration only: it loads no model, opens no connection
+and reads no file. `load(lake, version)` is the step that reads weights; the events a role returns go out
+through whoever holds a producer (the sync loop's LakeWriter, a worker's producer), never through the role.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+
+from lake import Lake
+from streams import BatchScored, CheckpointPublished, RewardScored, RolloutCompleted, TaskGenerated
+from trainers import (
+    CheckpointRecord, SamplingConfig, TransformersBackend, VLLMBackend, load_checkpoint, load_published, render_prompt,
+    train_update,
+)
+from trainers.update import SEED_VERSION
+
+from ..domains import Domain, Invalid, Task, Verdict, performance_summary, task_to_json
+from .config import RunConfig
+from .curriculum import score_groups
+from .progress import Tick
+
+SIMULATOR_SYSTEM = "You write one task for a student. Reply with the task only."
+
+
+@dataclass
+class GeneratedTask:
+    """A task as the roles pass it around: the simulator's text, what the domain parsed from it, where it came from."""
+
+    task_id: str
+    batch_id: str
+    sim_prompt: str
+    generation: str
+    parsed: Task | Invalid
+    env_version: str
+    epoch: int  # the epoch it was generated in
+
+
+def _quiet(done: int, total: int) -> None:
+    pass
+
+
+class ModelRole:
+    """A role that holds one model (kind agent or env) at one checkpoint version; nothing is loaded until `load`."""
+
+    kind = ""
+
+    def __init__(self, config: RunConfig, domain: Domain, run_id: str):
+        self.config, self.domain, self.run_id = config, domain, run_id
+        self.version = 0  # the checkpoint version the role works with (0: the base model)
+        self.model = None  # trainers.LoadedModel once loaded
+
+    @property
+    def base_model(self) -> str:
+        return self.config.agent_model if self.kind == "agent" else self.config.env_model
+
+    def load(self, lake: Lake, version: int, sha256: str | None = None) -> None:
+        """The model at `version` (0: the base model). With `sha256`, the checkpoint a CheckpointPublished event
+        names (checked against that hash); without, the one the registry holds. A model already loaded at that
+        version is kept."""
+        if self.model is not None and version == self.version:
+            return
+        self.model = (load_published(lake, self.kind, version, sha256) if sha256
+                      else load_checkpoint(lake, self.kind, version, self.base_model))
+        self.version = version
+
+    def unload(self) -> None:
+        self.model = None
+
+    def generate(self, prompts: list[str], max_new_tokens: int, salt: int, greedy: bool = False, progress: Tick = _quiet):
+        if self.model is None:
+            raise RuntimeError(f"{self.kind} model not loaded: call load() first")
+        if not prompts:
+            return []
+        cfg = self.config
+        sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0 if greedy else cfg.temperature,
+                                  seed=cfg.seed * 1_000_003 + salt)
+        backend = (VLLMBackend(self.model.source) if cfg.backend == "vllm"
+                   else TransformersBackend(self.model.model, self.model.tokenizer, batch_size=cfg.generation_batch_size))
+        return backend.generate(prompts, sampling, progress=progress)
+
+
+class Simulator(ModelRole):
+    """Requests -> generations -> tasks. The run's mode decides where an epoch's tasks come from:
+
+        genenv, genenv-random   the simulator writes each epoch's tasks
+        genenv-static           the simulator writes every epoch's tasks once, in epoch 0
+        seeds-only              the domain's seed tasks; no simulator model
+    """
+
+    kind = "env"
+
+    def __init__(self, config: RunConfig, domain: Domain, run_id: str):
+        super().__init__(config, domain, run_id)
+        self.rng = random.Random(config.seed)  # which requests, in which order: part of the run's seed
+        self.static_tasks: list[GeneratedTask] = []
+
+    @property
+    def needs_model(self) -> bool:
+        return self.config.mode != "seeds-only"
+
+    def tasks_for(self, epoch: int, history: list[tuple[dict, bool]], progress_for=None) -> tuple[list[GeneratedTask], list[GeneratedTask]]:
+        """(tasks to publish this epoch, valid tasks the agent attempts this epoch). `history`: (difficulty, success)
+        of recent rollouts, which the simulator's prompt summarises.
+
+        Every mode gives the agent tasks_per_epoch valid tasks an epoch when it can (equal rollout budget): the
+        simulator writes more until it has them, up to max_generation_attempts rounds, and every generation is
+        published, parseable or not."""
+        cfg = self.config
+        n = cfg.tasks_per_epoch
+        if cfg.mode == "seeds-only":
+            tasks = [GeneratedTask(f"{self.run_id}-e{epoch}-t{i}", self.batch_id(epoch, i), "", text, task, SEED_VERSION, epoch)
+                     for i, (_, text, task) in enumerate(self.domain.seeds(self.rng, n))]
+            return tasks, tasks
+        if cfg.mode == "genenv-static":
+            published = []
+            if epoch == 0:
+                published = self.write(0, n * cfg.epochs, history, progress_for)
+                self.static_tasks = [t for t in published if isinstance(t.parsed, Task)]
+            return published, self.static_tasks[epoch * n:(epoch + 1) * n]
+        tasks = self.write(epoch, n, history, progress_for)
+        return tasks, [t for t in tasks if isinstance(t.parsed, Task)]
+
+    def write(self, epoch: int, n_valid: int, history: list[tuple[dict, bool]], progress_for=None) -> list[GeneratedTask]:
+        """Simulator generations until n_valid parse (or the attempts run out); valid ones batched in order.
+        progress_for(description) -> a Phase context giving a Tick (one bar per attempt)."""
+        cfg = self.config
+        summary = performance_summary(history, self.domain.difficulty_feature)
+        tasks: list[GeneratedTask] = []
+        valid = 0
+        for attempt in range(cfg.max_generation_attempts):
+            wanted = n_valid - valid
+            if wanted <= 0:
+                break
+            requests = [self.domain.simulator_request(self.rng, summary) for _ in range(wanted)]
+            prompts = [self.prompt(r.prompt) for r in requests]
+            description = f"epoch {epoch}: simulator writes {wanted} tasks (attempt {attempt + 1})"
+            if progress_for is None:
+                generations = self.generate(prompts, cfg.env_max_new_tokens, 1000 * epoch + attempt)
+            else:
+                with progress_for(description) as tick:
+                    generations = self.generate(prompts, cfg.env_max_new_tokens, 1000 * epoch + attempt, progress=tick)
+            for request, generation in zip(requests, generations):
+                parsed = self.domain.parse(generation.text, request.context)
+                batch_id = self.batch_id(epoch, valid) if isinstance(parsed, Task) else f"{self.run_id}-e{epoch}-invalid"
+                valid += isinstance(parsed, Task)
+                tasks.append(GeneratedTask(f"{self.run_id}-e{epoch}-t{len(tasks)}", batch_id, generation.prompt,
+                                           generation.text, parsed, str(self.version), epoch))
+        return tasks
+
+    def prompt(self, request: str, tokenizer=None) -> str:
+        """A simulator request in the chat template of the simulator's tokenizer (or the one given)."""
+        return render_prompt(tokenizer or self.model.tokenizer, request, system=SIMULATOR_SYSTEM)
+
+    def batch_id(self, epoch: int, index: int) -> str:
+        """Valid tasks are batched in the order they parse, batch_size to a batch."""
+        return f"{self.run_id}-e{epoch}-b{index // self.config.batch_size}"
+
+    def event(self, task: GeneratedTask, producer: str = "simulator") -> TaskGenerated:
+        common = dict(run_id=self.run_id, epoch=task.epoch, task_id=task.task_id, batch_id=task.batch_id,
+                      domain=self.domain.name, env_model_version=task.env_version, sim_prompt=task.sim_prompt,
+                      raw_generation=task.generation, producer=producer)
+        if isinstance(task.parsed, Invalid):
+            return TaskGenerated(**common, valid=False, invalid_reason=task.parsed.reason)
+        tools, reference, difficulty = task_to_json(task.parsed)
+        return TaskGenerated(**common, task_prompt=task.parsed.prompt, tools_json=tools, reference_json=reference,
+                             difficulty_json=difficulty)
+
+
+class Rollouts(ModelRole):
+    """Tasks -> group_size rollouts each, by the agent at its current version, with behaviour logprobs; and the
+    agent's greedy accuracy on a validation set."""
+
+    kind = "agent"
+
+    def prompt(self, task: Task) -> str:
+        return render_prompt(self.model.tokenizer, self.domain.agent_prompt(task), system=self.domain.agent_system)
+
+    def roll_out(self, tasks: list[GeneratedTask], epoch: int, salt: int, progress: Tick = _quiet) -> list[RolloutCompleted]:
+        """group_size rollouts of every task, in task order; rollout ids are `<task id>-r<i>`."""
+        g = self.config.group_size
+        prompts = [self.prompt(t.parsed) for t in tasks for _ in range(g)]
+        generations = self.generate(prompts, self.config.agent_max_new_tokens, salt, progress=progress)
+        return [RolloutCompleted(
+            run_id=self.run_id, epoch=epoch, rollout_id=f"{tasks[i // g].task_id}-r{i % g}", task_id=tasks[i // g].task_id,
+            group_index=i % g, agent_model_version=str(self.version), prompt=generation.prompt,
+            completion=generation.text, completion_token_ids=generation.token_ids,
+            behaviour_logprobs=generation.logprobs, producer="rollout") for i, generation in enumerate(generations)]
+
+    def validate(self, tasks: list[Task], progress: Tick = _quiet) -> float:
+        """Mean success of greedy answers to `tasks` (the domain's held-out set)."""
+        generations = self.generate([self.prompt(t) for t in tasks], self.config.agent_max_new_tokens, 0, greedy=True,
+                                    progress=progress)
+        return sum(self.domain.check(t, g.text).success for t, g in zip(tasks, generations)) / max(len(tasks), 1)
+
+
+class Scorer:
+    """Rollouts -> rewards (the domain's checker); complete groups of rollouts -> the curriculum's scores."""
+
+    def __init__(self, config: RunConfig, domain: Domain, run_id: str):
+        self.config, self.domain, self.run_id = config, domain, run_id
+
+    def verdict(self, task: Task | Invalid, completion: str) -> Verdict:
+        """The checker's verdict. A task from the log in a shape the checker cannot read scores 0, with the
+        reason, rather than stopping whoever scores it."""
+        if isinstance(task, Invalid):
+            return Verdict(0.0, False, f"invalid task: {task.reason}")
+        try:
+            return self.domain.check(task, completion)
+        except Exception as exc:  # noqa: BLE001 (any checker failure on foreign data is a 0, never a crash)
+            return Verdict(0.0, False, f"unscorable task: {exc.__class__.__name__}")
+
+    def reward(self, task: GeneratedTask, rollout: RolloutCompleted, producer: str = "reward") -> RewardScored:
+        verdict = self.verdict(task.parsed, rollout.completion)
+        return RewardScored(run_id=self.run_id, epoch=rollout.epoch, rollout_id=rollout.rollout_id, task_id=rollout.task_id,
+                            reward=verdict.reward, success=verdict.success, checker_detail=verdict.detail, producer=producer)
+
+    def groups(self, tasks: list[GeneratedTask], successes: dict[str, list[bool]], epoch: int,
+               granularity: str | None = None, producer: str = "reward") -> list[BatchScored]:
+        """The curriculum's score of every batch of `tasks` (task id -> its rollouts' successes), at the run's
+        granularity unless one is given; tasks without rollouts are in no group."""
+        curriculum = self.config.curriculum
+        if granularity is not None and granularity != curriculum.granularity:
+            curriculum = replace(curriculum, granularity=granularity)
+        by_batch: dict[str, dict[str, list[bool]]] = {}
+        for t in tasks:
+            by_batch.setdefault(t.batch_id, {})[t.task_id] = successes.get(t.task_id, [])
+        return [BatchScored(
+            run_id=self.run_id, epoch=epoch, batch_id=s.batch_id, task_ids=s.task_ids, granularity=curriculum.granularity,
+            p_hat=s.p_hat, env_reward=s.env_reward, weight=s.weight, filtered=s.filtered, n_tasks=len(s.task_ids),
+            n_rollouts=s.n_rollouts, n_success=s.n_success, producer=producer)
+            for batch_id, members in by_batch.items() for s in score_groups(batch_id, members, curriculum)]
+
+
+def checkpoint_event(record: CheckpointRecord, run_id: str, epoch: int) -> CheckpointPublished:
+    """The event that asks the lake to register a checkpoint (it does after the registry's checks)."""
+    return CheckpointPublished(run_id=run_id, epoch=epoch, producer=f"trainer-{record.model_kind}", **record.event_fields())
+
+
+class Updater:
+    """A pool version -> a checkpoint: GRPO on gold/d_train for the agent, RWR on gold/d_env for the simulator.
+    Reads the pool at one Delta version, writes the checkpoint folder; registering it is the lake's job."""
+
+    def __init__(self, kind: str, config: RunConfig, run_id: str):
+        self.kind, self.config, self.run_id = kind, config, run_id
+        self.options = config.agent if kind == "agent" else config.env
+
+    def update(self, lake: Lake, parent_version: int, *, pool_version: int | None = None, options=None,
+               warm_start: bool = False, progress: Tick | None = None) -> CheckpointRecord:
+        """One update from checkpoint `parent_version` on the pool's rows it has not seen (trainers.TrainError
+        when there are none to train on)."""
+        base = self.config.agent_model if self.kind == "agent" else self.config.env_model
+        return train_update(self.kind, lake, options or self.options, base_model=base, pool_version=pool_version,
+                            parent_version=parent_version, run_id=self.run_id, warm_start=warm_start, progress=progress)
+
+    def event(self, record: CheckpointRecord, epoch: int) -> CheckpointPublished:
+        return checkpoint_event(record, self.run_id, epoch)

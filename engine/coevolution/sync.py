@@ -1,0 +1,235 @@
+"""The co-evolution loop in sync mode: the paper's epoch, the roles called in order, every event through Kafka and the lake.
+
+    prepare:        record the run's config in the lake, load each role's model
+    warm start:     seed tasks + reference answers -> lake -> SFT of both models (optional)
+    each epoch e:
+      1. tasks:     Simulator.tasks_for (the mode decides which simulator, or the seeds)
+      2. rollouts:  Rollouts.roll_out: group_size answers to every valid task
+      3. rewards:   Scorer.reward on each rollout, Scorer.groups on each batch (p_hat, R_env, weight, filtered)
+      4. publish everything, ingest until the lake holds it
+      5. train:     Updater("agent"): GRPO on gold/d_train@v; Updater("env"): RWR on gold/d_env@v (mode genenv only)
+      6. publish the checkpoints, ingest them into registry/checkpoints
+      7. validate:  the agent, greedy, on the domain's held-out set
+
+Modes (equal agent-rollout budget: tasks_per_epoch x group_size per epoch in every mode):
+    genenv          the simulator writes each epoch's tasks and is trained with RWR
+    genenv-random   the simulator writes each epoch's tasks and is never trained
+    genenv-static   the simulator writes every epoch's tasks once, before training; never trained
+    seeds-only      the tasks are the domain's seed tasks; no simulator
+
+Nothing is kept in memory between steps that the lake does not also hold: the trainers read the pools at
+the version the ingest just produced, and the models are reloaded from their checkpoints. The async mode
+(engine/workers) runs the same roles, one per process, connected only by Kafka and the lake.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import statistics
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+
+from lake import Lake
+from streams import RewardScored, RolloutCompleted
+from trainers import RWRConfig, TrainError
+from trainers.update import SEED_VERSION
+
+from ..domains import Task, get_domain
+from .config import RunConfig, record_run_config
+from .progress import Phase, Say, no_phase
+from .roles import GeneratedTask, Rollouts, Scorer, Simulator, Updater
+from .writer import LakeWriter
+
+
+@dataclass
+class EpochMetrics:
+    epoch: int
+    agent_version: int
+    env_version: int
+    tasks: int
+    valid_share: float
+    agent_success: float  # mean success over the epoch's rollouts on simulator tasks
+    batch_p_hats: list[float]
+    in_band_share: float
+    difficulty: dict[str, float]
+    response_tokens: float
+    validation_accuracy: float
+    seconds: dict[str, float] = field(default_factory=dict)
+    updates: dict[str, str] = field(default_factory=dict)  # what each trainer did (or why it skipped)
+
+
+def new_run_id(config: RunConfig) -> str:
+    return config.run_id or f"{config.domain}-{config.mode}-s{config.seed}-{uuid.uuid4().hex[:6]}"
+
+
+class CoEvolution:
+    """One run of the sync loop. The constructor only wires the roles; `prepare()` (which `run()` calls) records
+    the config and loads the models. start_from: (agent, env) checkpoint versions to begin with instead of the
+    base models (the ablation's runs share one warm start)."""
+
+    def __init__(self, config: RunConfig, lake: Lake, writer: LakeWriter | None = None, say: Say = print,
+                 run_id: str | None = None, phase: Phase | None = None, start_from: tuple[int, int] = (0, 0)):
+        self.config, self.lake, self.writer, self.say = config, lake, writer, say
+        self.phase = phase or no_phase
+        self.run_id = run_id or new_run_id(config)
+        self.domain = get_domain(config.domain, config.seeds_path)
+        self.simulator = Simulator(config, self.domain, self.run_id)
+        self.rollouts = Rollouts(config, self.domain, self.run_id)
+        self.scorer = Scorer(config, self.domain, self.run_id)
+        self.updaters = {kind: Updater(kind, config, self.run_id) for kind in ("agent", "env")}
+        self.start_from = start_from
+        self.history: list[tuple[dict, bool]] = []  # (difficulty, success) of the last epoch, for the simulator
+        self.metrics: list[EpochMetrics] = []
+        self.initial_accuracy = float("nan")
+        self.warm_started = start_from  # (agent, env) versions after the warm start
+        self.validated = float("nan")  # the newest agent checkpoint's validation accuracy
+
+    @functools.cached_property
+    def validation(self) -> list[Task]:
+        return self.domain.validation_set(self.config.validation_size)
+
+    # -- the run ----------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Record the run's config in the lake (for replay and audit) and load each role's model."""
+        record_run_config(self.lake.root, self.run_id, replace(self.config, run_id=self.run_id))
+        self.load(*self.start_from)
+
+    def run(self) -> list[EpochMetrics]:
+        self.prepare()
+        if self.config.warm_start:
+            self.warm_start()
+        self.initial_accuracy = self.validate()
+        self.say(f"validation accuracy before training: {self.initial_accuracy:.3f}")
+        for epoch in range(self.config.epochs):
+            self.metrics.append(self.epoch(epoch))
+        return self.metrics
+
+    def validate(self) -> float:
+        with self.phase("validation") as tick:
+            return self.rollouts.validate(self.validation, progress=tick)
+
+    def warm_start(self) -> None:
+        """SFT of the agent on the seed tasks' reference answers and of the simulator on the seed task texts."""
+        cfg = self.config
+        start = time.perf_counter()
+        seeds = self.domain.seeds(random.Random(cfg.seed + 7919), cfg.warm_start_tasks)
+        batch_id = f"{self.run_id}-seed"
+        agent_tok = self.rollouts.model.tokenizer
+        sim_tok = (self.simulator.model or self.rollouts.model).tokenizer
+        events, tasks = [], []
+        for i, (request, text, task) in enumerate(seeds):
+            task_id = f"{batch_id}-t{i}"
+            seed_task = GeneratedTask(task_id, batch_id, self.simulator.prompt(request.prompt, sim_tok), text, task,
+                                      SEED_VERSION, 0)
+            tasks.append(seed_task)
+            events.append(self.simulator.event(seed_task, producer="warm-start"))
+            answer = self.domain.reference_answer(task)
+            ids = agent_tok(answer, add_special_tokens=False)["input_ids"] + [agent_tok.eos_token_id]
+            rollout_id = f"{task_id}-ref"
+            events.append(RolloutCompleted(
+                run_id=self.run_id, epoch=0, rollout_id=rollout_id, task_id=task_id, group_index=0,
+                agent_model_version=SEED_VERSION, prompt=self.rollouts.prompt(task), completion=answer,
+                completion_token_ids=ids, behaviour_logprobs=[0.0] * len(ids), producer="warm-start"))
+            events.append(RewardScored(run_id=self.run_id, epoch=0, rollout_id=rollout_id, task_id=task_id, reward=1.0,
+                                       success=True, checker_detail="reference answer (warm start)", producer="warm-start"))
+        events += self.scorer.groups(tasks, {t.task_id: [True] for t in tasks}, 0, producer="warm-start")
+        self.writer.publish(events)
+        self.writer.land()
+        sft = RWRConfig(learning_rate=cfg.warm_start_learning_rate, per_device_train_batch_size=8, kl_coef=0.0,
+                        num_train_epochs=cfg.warm_start_epochs, seed=cfg.seed)
+        agent = self.train("agent", epoch=0, options=sft, warm_start=True)
+        env = self.train("env", epoch=0, options=sft, warm_start=True) if self.simulator.needs_model else None
+        self.load(agent or self.rollouts.version, env or self.simulator.version)
+        self.warm_started = (self.rollouts.version, self.simulator.version)
+        self.say(f"warm start: {len(seeds)} seed tasks, agent v{self.rollouts.version}, env v{self.simulator.version} "
+                 f"({time.perf_counter() - start:.0f}s)")
+
+    def load(self, agent_version: int, env_version: int) -> None:
+        """Each role's model at the given version (one already loaded at that version is kept)."""
+        self.rollouts.load(self.lake, agent_version)
+        if self.simulator.needs_model:
+            self.simulator.load(self.lake, env_version)
+        else:
+            self.simulator.version = env_version
+
+    def epoch(self, epoch: int) -> EpochMetrics:
+        cfg = self.config
+        seconds: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        def lap(phase: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            seconds[phase] = round(now - clock, 2)
+            clock = now
+
+        published, valid = self.simulator.tasks_for(epoch, self.history, progress_for=self.phase)
+        events = [self.simulator.event(t) for t in published]
+        lap("tasks")
+        with self.phase(f"epoch {epoch}: rollouts") as tick:
+            rollouts = self.rollouts.roll_out(valid, epoch, salt=2 * epoch + 1, progress=tick)
+        lap("rollouts")
+        by_id = {t.task_id: t for t in valid}
+        rewards = [self.scorer.reward(by_id[r.task_id], r) for r in rollouts]
+        successes: dict[str, list[bool]] = {}
+        for reward in rewards:
+            successes.setdefault(reward.task_id, []).append(reward.success)
+        scores = self.scorer.groups(valid, successes, epoch)
+        events += [e for pair in zip(rollouts, rewards) for e in pair] + scores
+        lap("scoring")
+        with self.phase(f"epoch {epoch}: {len(events)} events through Kafka into the lake"):
+            self.writer.publish(events)
+            self.writer.land()
+        lap("ingest")
+
+        updates: dict[str, str] = {}
+        agent_version = self.train("agent", epoch=epoch, note=updates)
+        lap("train_agent")
+        env_version = self.train("env", epoch=epoch, note=updates) if cfg.mode == "genenv" else None
+        lap("train_env")
+        self.load(agent_version or self.rollouts.version, env_version or self.simulator.version)
+        # The agent checkpoint's metrics carry its validation accuracy (so the lake alone tells it); an epoch
+        # without an agent update validates the unchanged agent.
+        accuracy = self.validated if agent_version else self.validate()
+        lap("validate")
+        self.history = [(by_id[r.task_id].parsed.difficulty, r.success) for r in rewards]
+
+        features = [t.parsed.difficulty for t in valid]
+        difficulty = {k: round(statistics.fmean(f[k] for f in features), 3) for k in (features[0] if features else {})}
+        metrics = EpochMetrics(
+            epoch=epoch, agent_version=self.rollouts.version, env_version=self.simulator.version, tasks=len(published),
+            valid_share=round(sum(isinstance(t.parsed, Task) for t in published) / len(published), 3) if published else float("nan"),
+            agent_success=round(statistics.fmean(r.success for r in rewards), 3) if rewards else 0.0,
+            batch_p_hats=[round(s.p_hat, 3) for s in scores],
+            in_band_share=round(statistics.fmean(not s.filtered for s in scores), 3) if scores else 0.0,
+            difficulty=difficulty,
+            response_tokens=round(statistics.fmean(len(r.completion_token_ids) for r in rollouts), 2) if rollouts else 0.0,
+            validation_accuracy=round(accuracy, 3), seconds=seconds, updates=updates,
+        )
+        self.say(f"epoch {epoch}: valid {metrics.valid_share:.0%}, agent success {metrics.agent_success:.2f}, "
+                 f"in band {metrics.in_band_share:.0%}, validation {metrics.validation_accuracy:.3f}, "
+                 f"agent v{self.rollouts.version}, env v{self.simulator.version}")
+        return metrics
+
+    def train(self, kind: str, *, epoch: int, options=None, warm_start: bool = False, note: dict | None = None) -> int | None:
+        """Train, publish the checkpoint, return its version; None (and why, in `note`) when there was nothing to train on."""
+        parent = self.rollouts.version if kind == "agent" else self.simulator.version
+        what = f"{'warm start' if warm_start else f'epoch {epoch}'}: training {kind}"
+        try:
+            with self.phase(what) as tick:
+                record = self.updaters[kind].update(self.lake, parent, options=options, warm_start=warm_start, progress=tick)
+        except TrainError as exc:
+            if note is not None:
+                note[kind] = f"skipped: {exc}"
+            return None
+        if kind == "agent" and not warm_start:
+            self.rollouts.load(self.lake, record.version, record.sha256)
+            self.validated = self.validate()
+            record.metrics["validation_accuracy"] = round(self.validated, 4)
+        self.writer.publish([self.updaters[kind].event(record, epoch)])
+        self.writer.land()
+        if note is not None:
+            note[kind] = f"v{record.version} on {record.metrics['rows']} rows"
+        return record.version

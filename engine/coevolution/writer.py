@@ -1,0 +1,57 @@
+"""The engine's way into the lake: publish events to Kafka, then ingest until they have landed.
+
+In sync mode the engine is also the lake's ingestor, so "the epoch is in the lake" is a fact it
+can wait for: `land()` returns once every record published so far has been through bronze,
+validation and the pools.
+"""
+
+from __future__ import annotations
+
+from lake import Ingestor, Lake
+from streams import CheckpointPublished, Event, EventProducer, ensure_topics
+from trainers import CheckpointRecord
+
+from .roles import checkpoint_event
+
+
+class LakeWriter:
+    def __init__(self, lake: Lake, bootstrap: str, client_id: str = "genenv-engine"):
+        ensure_topics(bootstrap)
+        self.lake = lake
+        self.producer = EventProducer(bootstrap, client_id=client_id)
+        self.ingestor = Ingestor(lake, bootstrap).start()
+        self.sent = 0
+        self._start = self.ingestor.stats.records  # records refined while recovering are not ours
+
+    def publish(self, events: list[Event]) -> None:
+        for event in events:
+            self.producer.send(event)
+        self.producer.flush()
+        self.sent += len(events)
+
+    def land(self) -> None:
+        """Ingest until everything published so far is in the lake."""
+        target = self._start + self.sent
+        self.ingestor.run(stop=lambda: self.ingestor.stats.records >= target)
+
+    def publish_checkpoint(self, record: CheckpointRecord, run_id: str, epoch: int) -> CheckpointPublished:
+        event = checkpoint_event(record, run_id, epoch)
+        self.publish([event])
+        self.land()
+        return event
+
+    def close(self) -> None:
+        self.producer.close()
+        self.ingestor.close()
+
+    def __enter__(self) -> "LakeWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def publish_checkpoint(lake: Lake, bootstrap: str, record: CheckpointRecord, run_id: str, epoch: int) -> CheckpointPublished:
+    """Publish one checkpoint's event and ingest it, so the registry holds it when this returns."""
+    with LakeWriter(lake, bootstrap, client_id="genenv-trainer") as writer:
+        return writer.publish_checkpoint(record, run_id, epoch)

@@ -1,0 +1,78 @@
+"""Per-epoch metrics of a run, read back from the lake: the async mode's report, and the web view's run page.
+
+A run's rows are a producer's text once they are in the lake, so every value read here is checked: what does
+not read as the field it claims to be is left out, never an error.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+
+import polars as pl
+
+from lake import CHECKPOINTS, Lake, read_table, silver
+
+from ..coevolution import EpochMetrics
+from .audit import json_object
+
+FEATURE_NAME = re.compile(r"[A-Za-z0-9_ .-]{1,40}")
+MAX_FEATURES = 12
+
+
+def difficulty_means(difficulty_jsons: list[str | None]) -> dict[str, float]:
+    """Mean of each numeric difficulty feature over the tasks that have it. A producer writes difficulty_json, so
+    it may be anything: what is not a JSON object of finite numbers under plain names (they become plot labels)
+    is left out, never an error; at most MAX_FEATURES features, by name."""
+    values: dict[str, list[float]] = {}
+    for raw in difficulty_jsons:
+        for name, value in json_object(raw).items():
+            if type(value) not in (int, float) or not FEATURE_NAME.fullmatch(name):
+                continue
+            try:
+                number = float(value)
+            except OverflowError:
+                continue
+            if math.isfinite(number):
+                values.setdefault(name, []).append(number)
+    return {name: round(statistics.fmean(values[name]), 3) for name in sorted(values)[:MAX_FEATURES]}
+
+
+def metrics_from_lake(lake: Lake, run_id: str) -> list[EpochMetrics]:
+    """Per-epoch metrics of a run, computed from what the lake holds (the async mode's report)."""
+    def of_run(table: str) -> pl.DataFrame:
+        frame = read_table(lake, table)
+        return frame.filter(pl.col("run_id") == run_id)
+
+    not_warm_start = pl.col("producer") != "warm-start"
+    tasks = of_run(silver("task")).filter(not_warm_start)
+    rollouts = of_run(silver("rollout")).filter(not_warm_start)
+    rewards = of_run(silver("reward")).filter(not_warm_start)
+    batches = of_run(silver("batch")).filter(not_warm_start)
+    checkpoints = of_run(CHECKPOINTS).sort("version")
+    out = []
+    for epoch in sorted(set(tasks["epoch"].to_list())):
+        t = tasks.filter(pl.col("epoch") == epoch)
+        valid = t.filter(pl.col("valid"))
+        r = rewards.filter(pl.col("epoch") == epoch)
+        b = batches.filter(pl.col("epoch") == epoch)
+        ro = rollouts.filter(pl.col("epoch") == epoch)
+        upto = checkpoints.filter(pl.col("epoch") <= epoch)
+        agents = upto.filter(pl.col("model_kind") == "agent")
+        envs = upto.filter(pl.col("model_kind") == "env")
+        validation = [json_object(m).get("validation_accuracy") for m in
+                      checkpoints.filter((pl.col("epoch") == epoch) & (pl.col("model_kind") == "agent"))["metrics_json"]]
+        validation = [v for v in validation if type(v) in (int, float)]
+        out.append(EpochMetrics(
+            epoch=epoch, agent_version=int(agents["version"].max() or 0) if agents.height else 0,
+            env_version=int(envs["version"].max() or 0) if envs.height else 0, tasks=t.height,
+            valid_share=round(valid.height / max(t.height, 1), 3),
+            agent_success=round(r["success"].mean() or 0.0, 3) if r.height else 0.0,
+            batch_p_hats=[round(p, 3) for p in b["p_hat"].to_list()],
+            in_band_share=round(1 - (b["filtered"].mean() or 0.0), 3) if b.height else 0.0,
+            difficulty=difficulty_means(valid["difficulty_json"].to_list()),
+            response_tokens=round(statistics.fmean(len(x) for x in ro["completion_token_ids"].to_list()), 2) if ro.height else 0.0,
+            validation_accuracy=validation[-1] if validation else float("nan"),
+        ))
+    return out

@@ -1,0 +1,63 @@
+"""The co-evolution's roles are components: building one loads no model, opens no connection and writes nothing;
+loading is its own step, and the roles compose into the sync loop by their public methods alone."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import socket
+from pathlib import Path
+
+import pytest
+
+from engine.coevolution import CoEvolution, Rollouts, Scorer, Simulator, Updater, load_config
+from engine.domains import get_domain
+from engine.workers import ROLES, worker
+from lake import Lake
+from trainers import ModelNotFound
+
+from conftest import ROOT
+
+
+def tree(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+def test_building_a_role_loads_no_model_and_opens_no_connection(tmp_path):
+    listener = socket.create_server(("127.0.0.1", 0))  # a real port: any client that connects is seen here
+    listener.setblocking(False)
+    bootstrap = f"127.0.0.1:{listener.getsockname()[1]}"
+    missing = str(tmp_path / "no-such-model")  # loading it would raise ModelNotFound
+    config = dataclasses.replace(load_config("quick", None, ["mode=genenv", "seed=3"]),
+                                 agent_model=missing, env_model=missing)
+    lake = Lake(tmp_path / "lake")
+    before = tree(tmp_path)
+
+    domain = get_domain(config.domain)
+    simulator, rollouts = Simulator(config, domain, "r1"), Rollouts(config, domain, "r1")
+    built = [simulator, rollouts, Scorer(config, domain, "r1"), Updater("agent", config, "r1"), Updater("env", config, "r1"),
+             CoEvolution(config, lake, writer=None, run_id="r1"),
+             *[worker(role, config, lake, bootstrap, "r1") for role in ROLES]]
+
+    assert len(built) == 6 + len(ROLES)
+    assert simulator.model is None and rollouts.model is None
+    with pytest.raises(BlockingIOError):
+        listener.accept()  # nobody connected
+    assert tree(tmp_path) == before, "building a role wrote to the lake"
+    with pytest.raises(ModelNotFound):
+        rollouts.load(lake, 0)  # loading is the step that reads weights
+    listener.close()
+
+
+def test_no_module_calls_another_modules_private_names():
+    """`a._b` where `a` is not self/cls names something private to another module or object."""
+    offenders = []
+    for package in ("engine", "lake", "streams", "trainers"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
+                if isinstance(node, ast.ImportFrom) and any(a.name.startswith("_") for a in node.names):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: import {[a.name for a in node.names]}")
+    assert not offenders, offenders
