@@ -13,7 +13,7 @@ Every page reads the lake when it is requested (the answers of engine/lineage/au
 Generated text is shown escaped (Jinja's autoescape), never interpreted. Run and task ids are whatever a
 producer wrote, so they travel as query parameters (quoted by url_for), never as path segments: an id with
 "/", "..", "?" or "#" reaches its page like any other. No lake the ingestor wrote makes a page answer 500
-(tests/test_ui_robustness.py requests every link of a lake built from fuzzed events).
+(tests/test_fuzz_ingest.py requests every link of a lake built from fuzzed events).
 """
 
 from __future__ import annotations
