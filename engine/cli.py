@@ -128,13 +128,14 @@ def run(
     """The main job: co-evolve the agent and the simulator, everything through Kafka and the lake, then write a report.
 
     Every option of a run (curriculum alpha/beta/k/granularity, GRPO and RWR options with TRL's names, sizes, models, warm start) is listed with its value by `genenv config --profile P`; put any of them in a TOML file for --config, or override one with --set name=value (section.name=value for curriculum, agent, env)."""
-    from engine.coevolution import CoEvolution, LakeWriter, load_config
+    from engine.coevolution import CoEvolution, LakeWriter, check_machine, load_config
     from engine.lineage import metrics_from_lake, write_report
 
     flags = [f"{name}={value}" for name, value in (("domain", domain), ("mode", mode), ("epochs", epochs), ("seed", seed))
              if value is not None]
     try:
         cfg = load_config(profile, config, flags + list(set_))
+        check_machine(cfg)  # the device, and vLLM where it is asked for: before the broker, the lake or a model
     except ValueError as exc:
         raise UserError(str(exc)) from None
     check_lake_root(lake)
@@ -223,7 +224,7 @@ def worker(
     set_: Annotated[list[str], typer.Option("--set", help="An option as name=value; repeatable.")] = [],
 ) -> None:
     """One role of the async mode, as a long-running Kafka consumer (Ctrl-C or SIGTERM stops it)."""
-    from engine.coevolution import check_run_id, load_config
+    from engine.coevolution import check_machine, check_run_id, load_config
     from engine.workers import ROLES, worker as role_worker
 
     if role not in ROLES:
@@ -231,6 +232,7 @@ def worker(
     try:
         check_run_id(run_id)
         cfg = load_config(profile, config, list(set_))
+        check_machine(cfg)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     lake_ = Lake(lake, create=False)

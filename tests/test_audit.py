@@ -14,6 +14,7 @@ import urllib.request
 
 import polars as pl
 import pytest
+from safetensors import safe_open
 
 from engine.domains import Verdict
 from engine.domains.arith import Arith
@@ -244,3 +245,24 @@ def test_the_browser_finds_a_task_by_id_and_sees_its_rollouts(quick_run, ui_serv
     browser.find_element(By.LINK_TEXT, "evals").click()
     arrive("evals")
     assert browser.find_element(By.ID, "evals").text  # "no evaluations yet" or the results
+
+
+def test_a_bf16_run_on_the_cpu_trains_and_replays_bit_identically(tmp_path):
+    """Mixed precision (dtype = bf16: fp32 master weights, bf16 compute and checkpoints) is as replayable as fp32."""
+    root = tmp_path / "lake"
+    result = genenv_cli("run", "--profile", "quick", "--epochs", "1", "--lake", str(root), "--set", "dtype=bf16",
+                        "--set", "run_id=bf16-run", timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    lake = Lake(root, create=False)
+    registered = read_table(lake, CHECKPOINTS).filter(pl.col("run_id") == "bf16-run")
+    assert registered.height >= 3
+    for row in registered.iter_rows(named=True):
+        lineage = json.loads((root / row["path"] / "genenv.json").read_text())
+        assert lineage["precision"] == {"device": "cpu", "dtype": "bf16"}
+        with safe_open(str(root / row["path"] / "model.safetensors"), "pt") as weights:
+            assert {weights.get_slice(k).get_dtype() for k in weights.keys()} == {"BF16"}
+    replay = genenv_cli("replay", "--epoch", "0", "--lake", str(root), "--run", "bf16-run", "--json", timeout=600)
+    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-2000:]
+    answer = json.loads(replay.stdout[replay.stdout.index("{"):])
+    assert answer["ok"] and len(answer["checkpoints"]) == registered.height
+    assert all(c["replayed_sha256"] == c["recorded_sha256"] for c in answer["checkpoints"])

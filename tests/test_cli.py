@@ -50,6 +50,14 @@ BAD_INVOCATIONS = {  # name: (arguments, what the one line says); LAKE is a path
     "broker_port_negative": (["broker", "--port", "-5"], "--port must be in 0-65535"),
     "ui_port_too_high": (["ui", "--lake", "LAKE", "--port", "99999"], "--port must be in 1-65535"),
     "replay_scratch_is_a_file": (["replay", "--epoch", "0", "--lake", "LAKE", "--scratch", "FILE"], "is a file"),
+    # This machine has no CUDA (the suite runs on CPU): a run that asks for it stops before any model is loaded.
+    "vllm_without_cuda": (["run", "--profile", "quick", "--lake", "LAKE", "--set", "backend=vllm"],
+                          "backend = vllm cannot run here: CUDA is not available"),
+    "cuda_device_without_cuda": (["run", "--profile", "quick", "--lake", "LAKE", "--set", "device=cuda"],
+                                 "device cuda: CUDA is not available"),
+    "vllm_worker_without_cuda": (["worker", "rollout", "--run-id", "r1", "--lake", "LAKE", "--set", "backend=vllm"],
+                                 "backend = vllm cannot run here"),
+    "bad_dtype": (["run", "--profile", "quick", "--lake", "LAKE", "--set", "dtype=fp8"], "dtype must be auto, fp32, bf16, fp16"),
 }
 
 

@@ -2,6 +2,10 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.coevolution.roles import rollout_seed
 
 from trainers import (
     ModelNotFound, SamplingConfig, TransformersBackend, load_model, render_prompt, sequence_logprobs, vllm_available,
@@ -75,3 +79,27 @@ def test_vllm_backend_is_skipped_with_its_reason_without_cuda():
     backend = VLLMBackend(str(load_model("smollm2-135m").source))
     (g,) = backend.generate(["The capital of France is"], SamplingConfig(max_new_tokens=4, temperature=0))
     assert len(g.token_ids) == len(g.logprobs)
+
+
+def test_a_groups_samples_differ_and_each_depends_only_on_its_own_seed(tiny):
+    """The G rollouts of a task get distinct seeds, so they are not copies of each other (GRPO's advantages would
+    all be 0); a sample is the same whichever prompts were batched with it, and on every replay."""
+    prompt = render_prompt(tiny.tokenizer, "What is 2+2?")
+    sampling = SamplingConfig(max_new_tokens=10, temperature=1.0)
+    seeds = [rollout_seed(7, "run-e0-t3", i) for i in range(4)]
+    together = TransformersBackend(tiny.model, tiny.tokenizer, batch_size=4).generate([prompt] * 4, sampling, seeds)
+    alone = TransformersBackend(tiny.model, tiny.tokenizer, batch_size=1).generate([prompt] * 4, sampling, seeds)
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    assert len({tuple(g.token_ids) for g in together}) > 1, "a group's rollouts came out identical"
+    again = TransformersBackend(tiny.model, tiny.tokenizer).generate([prompt] * 4, sampling, seeds)
+    assert [g.token_ids for g in again] == [g.token_ids for g in together]
+
+
+@settings(max_examples=200, deadline=None)
+@given(run_seed=st.integers(0, 2**63 - 1), task_ids=st.sets(st.text(min_size=1, max_size=40), min_size=1, max_size=20),
+       group=st.integers(2, 16))
+def test_every_rollout_of_a_run_gets_its_own_seed_and_a_replay_the_same(run_seed, task_ids, group):
+    seeds = [rollout_seed(run_seed, task, i) for task in sorted(task_ids) for i in range(group)]
+    assert len(set(seeds)) == len(seeds)
+    assert seeds == [rollout_seed(run_seed, task, i) for task in sorted(task_ids) for i in range(group)]
+    assert all(0 <= s < 2**63 for s in seeds)

@@ -47,11 +47,13 @@ def pack(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: i
 def completion_logps(model, batch: TokenBatch, temperature: float = 1.0) -> torch.Tensor:
     """log pi(c_t | prompt, c_<t) for every completion token, (batch, C); padding positions hold junk (mask them)."""
     C = batch.completion_width
-    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids,
+    device = next(model.parameters()).device
+    mask = batch.attention_mask.to(device)
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=batch.input_ids.to(device), attention_mask=mask, position_ids=position_ids,
                    logits_to_keep=C + 1, use_cache=False).logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     # log_softmax at the chosen token without materialising the whole log-softmax tensor twice.
-    chosen = logits.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
+    chosen = logits.gather(-1, batch.completion_ids.to(device).unsqueeze(-1)).squeeze(-1)
     return chosen - torch.logsumexp(logits, dim=-1)

@@ -28,7 +28,7 @@ import polars as pl
 
 from lake import CHECKPOINTS, WEIGHTS, Lake, checkpoint_path, file_sha256, read_table
 
-from .models import LoadedModel, load_model
+from .models import CPU, LoadedModel, Precision, load_model
 
 KINDS = ("agent", "env")
 MANIFEST = "genenv.json"
@@ -118,23 +118,25 @@ def manifest(lake: Lake, kind: str, version: int) -> dict:
     return json.loads(path.read_text())
 
 
-def load_checkpoint(lake: Lake, kind: str, version: int, base_model: str | None = None) -> LoadedModel:
+def load_checkpoint(lake: Lake, kind: str, version: int, base_model: str | None = None,
+                    precision: Precision = CPU) -> LoadedModel:
     """Load a registered checkpoint after checking its hash; version 0 is `base_model`."""
     if version == 0:
         if base_model is None:
             raise CheckpointError(f"{kind} version 0 is the base model, and none was named")
-        return load_model(base_model)
+        return load_model(base_model, dtype=precision.torch_dtype, device=precision.torch_device)
     row = registered(lake, kind, version)
-    return load_verified(checkpoint_dir(lake, kind, version), row["sha256"], f"{kind} checkpoint version {version}")
+    return load_verified(checkpoint_dir(lake, kind, version), row["sha256"], f"{kind} checkpoint version {version}",
+                         precision)
 
 
-def load_published(lake: Lake, kind: str, version: int, sha256: str) -> LoadedModel:
+def load_published(lake: Lake, kind: str, version: int, sha256: str, precision: Precision = CPU) -> LoadedModel:
     """Load the checkpoint a CheckpointPublished names, found by (kind, version) in the lake, never by the path the
     event carries (an event read straight from Kafka has not been through the registry's checks)."""
-    return load_verified(checkpoint_dir(lake, kind, version), sha256, f"{kind} checkpoint version {version}")
+    return load_verified(checkpoint_dir(lake, kind, version), sha256, f"{kind} checkpoint version {version}", precision)
 
 
-def load_verified(path: str | Path, sha256: str, what: str = "checkpoint") -> LoadedModel:
+def load_verified(path: str | Path, sha256: str, what: str = "checkpoint", precision: Precision = CPU) -> LoadedModel:
     """Load a checkpoint folder after checking its weights against `sha256` (as a CheckpointPublished event carries it)."""
     weights = Path(path) / WEIGHTS
     if not weights.is_file():
@@ -143,4 +145,4 @@ def load_verified(path: str | Path, sha256: str, what: str = "checkpoint") -> Lo
     if actual != sha256:
         raise CheckpointError(f"{what}: {weights} has sha256 {actual[:12]}..., "
                               f"the registry records {sha256[:12]}... (corrupt or replaced)")
-    return load_model(str(path))
+    return load_model(str(path), dtype=precision.torch_dtype, device=precision.torch_device)

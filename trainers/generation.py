@@ -5,10 +5,19 @@ log-probabilities are those of the policy the trainer optimises: log_softmax(log
 at each sampled token (T = the sampling temperature, 1 for greedy), which is what a
 teacher-forced forward pass of prompt + completion recomputes; top-p only narrows which
 tokens are sampled. `VLLMBackend` is imported only where CUDA and vllm exist.
+
+Every prompt is sampled with a seed of its own (`sample_seed`: from the run's seed and what names the
+sample, such as the task id and the rollout index), so a task's G rollouts differ from each other,
+the same run seed gives the same seeds on a replay, and a sample does not depend on which prompts
+were batched with it. vLLM takes one SamplingParams (with its seed) per prompt. transformers'
+`generate` has one random stream per call, so `SeededSampling` draws each row's token itself, with
+the row's own generator (the Gumbel-max trick: argmax(logits / T + Gumbel noise) is a sample of
+softmax(logits / T)), and generate runs greedy over those choices.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +40,43 @@ class Generation:
     logprobs: list[float]  # one per completion token
 
 
+def sample_seed(*parts) -> int:
+    """A seed for one sample from the parts that name it, e.g. (run seed, task id, rollout index): distinct parts give
+    distinct seeds (a 63-bit hash), and the same parts the same seed on every machine and replay."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def prompt_seeds(sampling: "SamplingConfig", n: int, seeds: list[int] | None) -> list[int]:
+    """One seed per prompt: the ones given, else derived from the sampling seed and the prompt's index."""
+    if seeds is None:
+        return [sample_seed(sampling.seed, i) for i in range(n)]
+    if len(seeds) != n:
+        raise ValueError(f"{len(seeds)} seeds for {n} prompts")
+    return list(seeds)
+
+
+class SeededSampling:
+    """A transformers logits processor that samples each row with its own torch.Generator: softmax(logits / T)
+    restricted to the top-p nucleus, drawn by Gumbel-max. It returns scores where only the drawn token is finite,
+    so greedy decoding emits exactly the draw; the raw logits transformers reports are untouched."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float):
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.temperature, self.top_p = temperature, top_p
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logits = scores.float() / self.temperature
+        if self.top_p < 1.0:
+            ordered, order = logits.sort(dim=-1, descending=True)
+            outside = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1) >= self.top_p  # the first token always stays
+            logits = logits.masked_fill(torch.zeros_like(outside).scatter(-1, order, outside), float("-inf"))
+        uniform = torch.stack([torch.rand(logits.shape[-1], generator=g) for g in self.generators]).to(logits.device)
+        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1 - 1e-7)))
+        chosen = (logits + gumbel).argmax(-1, keepdim=True)
+        return torch.full_like(scores, float("-inf")).scatter(-1, chosen, 0.0)
+
+
 def render_prompt(tokenizer, user_text: str, system: str | None = None) -> str:
     """The prompt string the model sees: its chat template where it has one."""
     if getattr(tokenizer, "chat_template", None):
@@ -46,31 +92,30 @@ class TransformersBackend:
         self.batch_size = batch_size
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], sampling: SamplingConfig | None = None, progress=None) -> list[Generation]:
-        """progress(done, total), if given, is called after every batch with the prompts done so far."""
+    def generate(self, prompts: list[str], sampling: SamplingConfig | None = None, seeds: list[int] | None = None,
+                 progress=None) -> list[Generation]:
+        """seeds: one per prompt (see `sample_seed`). progress(done, total), if given, is called after every batch
+        with the prompts done so far."""
         sampling = sampling or SamplingConfig()
+        seeds = prompt_seeds(sampling, len(prompts), seeds)
         out: list[Generation] = []
-        generator_state = torch.random.get_rng_state()
-        torch.manual_seed(sampling.seed)
-        try:
-            for start in range(0, len(prompts), self.batch_size):
-                out.extend(self._generate_batch(prompts[start:start + self.batch_size], sampling))
-                if progress:
-                    progress(len(out), len(prompts))
-        finally:
-            torch.random.set_rng_state(generator_state)
+        for start in range(0, len(prompts), self.batch_size):
+            end = start + self.batch_size
+            out.extend(self._generate_batch(prompts[start:end], sampling, seeds[start:end]))
+            if progress:
+                progress(len(out), len(prompts))
         return out
 
-    def _generate_batch(self, prompts: list[str], sampling: SamplingConfig) -> list[Generation]:
+    def _generate_batch(self, prompts: list[str], sampling: SamplingConfig, seeds: list[int]) -> list[Generation]:
         tok = self.tokenizer
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
         greedy = sampling.temperature <= 0
+        sampler = [] if greedy else [SeededSampling(seeds, sampling.temperature, sampling.top_p)]
         was_training = self.model.training
         self.model.eval()
         result = self.model.generate(
-            **enc, max_new_tokens=sampling.max_new_tokens, do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature, top_p=None if greedy else sampling.top_p,
-            top_k=None, return_dict_in_generate=True, output_logits=True, use_cache=True,
+            **enc, max_new_tokens=sampling.max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
+            logits_processor=sampler, return_dict_in_generate=True, output_logits=True, use_cache=True,
             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
         )
         self.model.train(was_training)
@@ -112,27 +157,57 @@ def vllm_available() -> tuple[bool, str]:
 
 
 class VLLMBackend:
-    """Generation with vLLM on CUDA; same output as TransformersBackend."""
+    """Generation with vLLM on CUDA, the same interface and the same quantities as TransformersBackend.
 
-    def __init__(self, model_path: str, tensor_parallel_size: int = 1):
+    One engine for the life of the process: a new checkpoint's weights are loaded into it in place
+    (`load_weights`), never by building a second engine (vLLM does not give a dead engine's GPU memory back).
+    Logprobs are vLLM's processed logprobs (after temperature, as the trainer recomputes them), each prompt
+    has its own SamplingParams seed, and `gpu_memory_utilization` is the engine's share of the GPU (two roles
+    in one process, as in the sync loop, need shares that add up to less than 1).
+
+    Untested: no GPU with vLLM was available where this was written (README, "What has not run"). Loading
+    weights in place goes through the engine's in-process model (VLLM_ENABLE_V1_MULTIPROCESSING=0, as TRL's
+    colocated mode does), an internal path that vLLM may move between versions.
+    """
+
+    def __init__(self, model_path: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.4,
+                 dtype: str = "auto", seed: int = 0):
         ok, why = vllm_available()
         if not ok:
             raise RuntimeError(f"vLLM backend unavailable: {why}")
+        import os
+
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model must live in this process
         from vllm import LLM
 
-        self.llm = LLM(model=model_path, tensor_parallel_size=tensor_parallel_size)
+        self.llm = LLM(model=model_path, tensor_parallel_size=tensor_parallel_size, dtype=VLLM_DTYPES.get(dtype, dtype),
+                       gpu_memory_utilization=gpu_memory_utilization, seed=seed, logprobs_mode="processed_logprobs")
         self.tokenizer = self.llm.get_tokenizer()
 
-    def generate(self, prompts: list[str], sampling: SamplingConfig | None = None, progress=None) -> list[Generation]:
+    def load_weights(self, model: torch.nn.Module) -> None:
+        """Put a checkpoint's weights (a transformers model of the same architecture) into the running engine."""
+        engine_model = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+        engine_model.load_weights(model.state_dict().items())
+        self.llm.reset_prefix_cache()  # cached prefixes hold keys and values of the old weights
+
+    def generate(self, prompts: list[str], sampling: SamplingConfig | None = None, seeds: list[int] | None = None,
+                 progress=None) -> list[Generation]:
         from vllm import SamplingParams
 
         sampling = sampling or SamplingConfig()
-        params = SamplingParams(max_tokens=sampling.max_new_tokens, temperature=max(sampling.temperature, 0.0),
-                                top_p=sampling.top_p, seed=sampling.seed, logprobs=0)
+        greedy = sampling.temperature <= 0
+        params = [SamplingParams(max_tokens=sampling.max_new_tokens, temperature=0.0 if greedy else sampling.temperature,
+                                 top_p=1.0 if greedy else sampling.top_p, seed=seed, logprobs=0)
+                  for seed in prompt_seeds(sampling, len(prompts), seeds)]
         out = []
-        for request in self.llm.generate(prompts, params):
+        for request in self.llm.generate(prompts, params, use_tqdm=False):
             completion = request.outputs[0]
             ids = list(completion.token_ids)
             logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs, ids)]
             out.append(Generation(request.prompt, list(request.prompt_token_ids), completion.text, ids, logprobs))
+        if progress:
+            progress(len(out), len(prompts))
         return out
+
+
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

@@ -8,7 +8,9 @@ batches. Here the rollouts, their rewards and their behaviour log-probabilities 
 other workers (possibly by older policies) and sit in the lake; pushing them back through that
 loop would mean a fake prompt dataset and reward functions that look rewards up. What GRPO *is*
 lives in trainers/losses.py with TRL's option names and formulas; this module is only the reading
-of rows, the staleness rule, batching and the optimiser.
+of rows, the staleness rule, batching and the optimiser. For that reason trl is not a dependency:
+nothing of it would run, and its GRPO loss is a method of the trainer (it needs a trainer's state
+to call), so it cannot be held equal to ours on the same inputs without building that loop.
 
 Staleness: a row carries the agent version that produced it. Rows from the parent itself use
 their recorded behaviour log-probabilities as the ratio's denominator. Rows 1..max_staleness
@@ -20,6 +22,7 @@ vLLM's sampling mismatch). Rows further behind are always dropped.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
@@ -90,7 +93,9 @@ def select_rows(rows: pl.DataFrame, parent_version: int, config: GRPOConfig) -> 
 
 
 class GRPOTrainer:
-    def __init__(self, model, tokenizer, config: GRPOConfig, ref_model=None):
+    """compute: a context manager every forward pass runs in (mixed precision's autocast; none by default)."""
+
+    def __init__(self, model, tokenizer, config: GRPOConfig, ref_model=None, compute=contextlib.nullcontext):
         config.check()
         if config.beta and ref_model is None:
             raise ValueError("beta > 0 needs a reference model")
@@ -98,6 +103,7 @@ class GRPOTrainer:
         self.tokenizer = tokenizer
         self.model = with_lora(model, config) if config.use_peft else model
         self.ref_model = ref_model
+        self.compute = compute
 
     def micro_batches(self, rows: pl.DataFrame) -> list[MicroBatch]:
         """Advantages over each task's group, then micro-batches in a seeded order, with every
@@ -117,16 +123,16 @@ class GRPOTrainer:
             stale = torch.tensor([rows["staleness"][i] > 0 for i in indices])
             old, weights = behaviour, None
             if stale.any():
-                with torch.no_grad():
-                    current = completion_logps(self.model, tokens, cfg.temperature)
+                with torch.no_grad(), self.compute():
+                    current = completion_logps(self.model, tokens, cfg.temperature).cpu()
                 stale_tokens = stale.unsqueeze(-1).expand_as(current)
                 old = torch.where(stale_tokens, current, behaviour)
                 weights = torch.where(stale_tokens, torch.exp(current - behaviour).clamp(max=cfg.importance_sampling_cap),
                                       torch.ones_like(current))
             ref = None
             if cfg.beta:
-                with torch.no_grad():
-                    ref = completion_logps(self.ref_model, tokens, cfg.temperature)
+                with torch.no_grad(), self.compute():
+                    ref = completion_logps(self.ref_model, tokens, cfg.temperature).cpu()
             batches.append(MicroBatch(tokens, old, advantages[indices], weights, ref))
         return batches
 
@@ -136,9 +142,11 @@ class GRPOTrainer:
         batches = self.micro_batches(rows)
 
         def loss_of(mb: MicroBatch):
-            logps = completion_logps(self.model, mb.tokens, self.config.temperature)
-            return grpo_loss(logps, mb.old_logps, mb.advantages, mb.tokens.completion_mask, self.config,
-                             mb.ref_logps, mb.token_weights)
+            with self.compute():
+                logps = completion_logps(self.model, mb.tokens, self.config.temperature)
+            on = lambda t: None if t is None else t.to(logps.device)  # noqa: E731
+            return grpo_loss(logps, on(mb.old_logps), on(mb.advantages), on(mb.tokens.completion_mask), self.config,
+                             on(mb.ref_logps), on(mb.token_weights))
 
         metrics = optimise(self.model, batches, loss_of, self.config, self.config.num_iterations, progress)
         rewards = rows["reward"]

@@ -34,6 +34,45 @@ class ModelNotFound(RuntimeError):
     pass
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Where models live and in what precision: device "auto" is CUDA when present, else the CPU; dtype "auto" is
+    bf16 on CUDA and fp32 on the CPU. Weights used for generation are held in `dtype`; trainers keep fp32 master
+    weights and compute in `dtype` under autocast (mixed precision), so small updates are not rounded away."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def check(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:<n>, got {self.device!r}")
+        if self.dtype not in ("auto", *DTYPES):
+            raise ValueError(f"dtype must be auto, {', '.join(DTYPES)}, got {self.dtype!r}")
+
+    def resolved(self) -> "Precision":
+        """The concrete device and dtype on this machine; ModelNotFound-free, but a CUDA device without CUDA fails."""
+        self.check()
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {device}: CUDA is not available on this machine")
+        dtype = ("bf16" if device.startswith("cuda") else "fp32") if self.dtype == "auto" else self.dtype
+        return Precision(device, dtype)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.resolved().dtype]
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.resolved().device)
+
+
+CPU = Precision("cpu", "fp32")
+
+
 @dataclass
 class LoadedModel:
     name: str
@@ -123,8 +162,9 @@ def _from_dir(path: str | Path, dtype: torch.dtype):
     return model, tokenizer
 
 
-def load_model(spec: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:
-    """Load a causal LM and its tokenizer (left padding, a pad token) from a built-in name, a path or a hub id."""
+def load_model(spec: str, dtype: torch.dtype = torch.float32, seed: int = 0, device: str | torch.device = "cpu") -> LoadedModel:
+    """Load a causal LM and its tokenizer (left padding, a pad token) from a built-in name, a path or a hub id,
+    in `dtype` on `device`."""
     if spec == "tiny":
         model, tokenizer = tiny_model(seed)
         source = f"tiny(seed={seed})"
@@ -158,4 +198,5 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> 
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model = model.to(device=device, dtype=dtype)
     return LoadedModel(spec, model, tokenizer, source)

@@ -12,6 +12,7 @@ supervised fine-tuning, which is how the seed warm-start trains both models (tra
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass
 
@@ -50,7 +51,9 @@ def select_rows(rows: pl.DataFrame) -> tuple[pl.DataFrame, Counter]:
 
 
 class RWRTrainer:
-    def __init__(self, model, tokenizer, config: RWRConfig, ref_model=None):
+    """compute: a context manager every forward pass runs in (mixed precision's autocast; none by default)."""
+
+    def __init__(self, model, tokenizer, config: RWRConfig, ref_model=None, compute=contextlib.nullcontext):
         config.check()
         if config.kl_coef and ref_model is None:
             raise ValueError("kl_coef > 0 needs the initial simulator as reference model")
@@ -58,6 +61,7 @@ class RWRTrainer:
         self.tokenizer = tokenizer
         self.model = with_lora(model, config) if config.use_peft else model
         self.ref_model = ref_model
+        self.compute = compute
 
     def micro_batches(self, rows: pl.DataFrame) -> list[MicroBatch]:
         cfg, tok = self.config, self.tokenizer
@@ -71,8 +75,8 @@ class RWRTrainer:
             tokens = pack([prompts[i] for i in indices], [generations[i] for i in indices], tok.pad_token_id)
             ref = None
             if cfg.kl_coef:
-                with torch.no_grad():
-                    ref = completion_logps(self.ref_model, tokens)
+                with torch.no_grad(), self.compute():
+                    ref = completion_logps(self.ref_model, tokens).cpu()
             batches.append(MicroBatch(tokens, weights[indices], ref))
         return batches
 
@@ -82,9 +86,12 @@ class RWRTrainer:
         batches = self.micro_batches(rows)
 
         def loss_of(mb: MicroBatch):
-            logps = completion_logps(self.model, mb.tokens)
+            with self.compute():
+                logps = completion_logps(self.model, mb.tokens)
+            on = lambda t: None if t is None else t.to(logps.device)  # noqa: E731
             # rwr_loss takes weights that sum to 1; these average 1, so divide by the micro-batch size.
-            return rwr_loss(logps, mb.tokens.completion_mask, mb.weights / len(mb.weights), self.config.kl_coef, mb.ref_logps)
+            return rwr_loss(logps, on(mb.tokens.completion_mask), on(mb.weights / len(mb.weights)), self.config.kl_coef,
+                            on(mb.ref_logps))
 
         metrics = optimise(self.model, batches, loss_of, self.config, self.config.num_train_epochs, progress)
         weights = torch.cat([mb.weights for mb in batches]) / rows.height

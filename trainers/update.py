@@ -13,6 +13,7 @@ talk to Kafka); the registry row appears when the event is ingested.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from dataclasses import asdict
@@ -27,7 +28,7 @@ from .checkpoints import (
     KINDS, CheckpointRecord, checkpoint_dir, config_hash, latest_version, load_checkpoint, manifest, save_checkpoint,
 )
 from .loop import Progress, merged
-from .models import LoadedModel, load_model
+from .models import CPU, LoadedModel, Precision, load_model
 
 POOL_OF = {"agent": "d_train", "env": "d_env"}
 SEED_VERSION = "seed"  # the model version stamped on seed tasks and reference answers (the warm-start data)
@@ -62,15 +63,17 @@ def warm_start_rows(kind: str, rows: pl.DataFrame) -> pl.DataFrame:
 
 def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None = None, pool_version: int | None = None,
                  parent_version: int | None = None, run_id: str | None = None, warm_start: bool = False,
-                 progress: Progress | None = None) -> CheckpointRecord:
+                 precision: Precision = Precision(), progress: Progress | None = None) -> CheckpointRecord:
     """One update (see the module's docstring). warm_start: supervised fine-tuning on the pool's seed rows
     (the version "seed"), with an RWRConfig whose rewards are all equal, instead of GRPO / RWR.
-    run_id: train on that run's rows only (the engine's runs share a lake)."""
+    run_id: train on that run's rows only (the engine's runs share a lake). precision: the device, and the dtype
+    the update computes in and the checkpoint is saved in (recorded in the lineage, so a replay uses it too)."""
     if kind not in KINDS:
         raise TrainError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
     config = config or default_config(kind)
     try:
         config.check()
+        precision = precision.resolved()
     except ValueError as exc:
         raise TrainError(f"bad {kind} training option: {exc}") from None
     pool = POOL_OF[kind]
@@ -100,8 +103,8 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
         why = f"; left out: {dict(dropped)}" if dropped else ""
         raise TrainError(f"{table}@{pool_version} holds no rows to train the {kind} on{since}{why}")
 
-    loaded = load_checkpoint(lake, kind, parent, base_model)
-    model, metrics = fit(loaded, selected, dropped, config, base_model, warm_start, progress)
+    loaded = load_checkpoint(lake, kind, parent, base_model, master_weights(precision))
+    model, metrics = fit(loaded, selected, dropped, config, base_model, warm_start, progress, precision)
     version = max(parent, latest_version(lake, kind)) + 1
     target = checkpoint_dir(lake, kind, version)
     record = CheckpointRecord(
@@ -110,7 +113,7 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
         pool_table=table, pool_version=pool_version, config_hash=config_hash(config), seed=config.seed,
         metrics=metrics,
     )
-    lineage = {**asdict(record), "config": asdict(config)}
+    lineage = {**asdict(record), "config": asdict(config), "precision": asdict(precision)}
     lineage.pop("sha256")
     record.sha256 = save_checkpoint(model, loaded.tokenizer, target, lineage)
     return record
@@ -128,22 +131,37 @@ def select_update_rows(kind: str, rows: pl.DataFrame, parent: int, config, warm_
     return rwr.select_rows(rows)
 
 
+def master_weights(precision: Precision) -> Precision:
+    """Trainers hold fp32 weights (and so fp32 gradients and optimiser state) whatever they compute in."""
+    return Precision(precision.resolved().device, "fp32")
+
+
 def fit(loaded: LoadedModel, selected: pl.DataFrame, dropped: Counter, config, base_model: str, warm_start: bool,
-        progress: Progress | None = None) -> tuple[torch.nn.Module, dict]:
-    """Train the parent model on the selected rows: (the trained model, LoRA merged; its metrics). Deterministic
-    on CPU for the same parent, rows, config and seed: replay relies on it."""
+        progress: Progress | None = None, precision: Precision = CPU) -> tuple[torch.nn.Module, dict]:
+    """Train the parent model (loaded with fp32 master weights) on the selected rows: (the trained model, LoRA
+    merged, in the precision's dtype; its metrics). Forward passes run under autocast when the dtype is not
+    fp32 (mixed precision). Deterministic on CPU for the same parent, rows, config, seed and precision: replay
+    relies on it."""
+    precision = precision.resolved()
+    dtype = precision.torch_dtype
     ref = None
     if getattr(config, "beta", 0) or getattr(config, "kl_coef", 0):
-        ref = load_model(base_model).model.eval()  # the initial model: version 0 of the lineage
+        # the initial model: version 0 of the lineage
+        ref = load_model(base_model, dtype=dtype, device=precision.torch_device).model.eval()
+    device_type = precision.torch_device.type
+
+    def compute():
+        return torch.autocast(device_type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
+
     torch.manual_seed(config.seed)
     if isinstance(config, grpo.GRPOConfig):
-        trainer = grpo.GRPOTrainer(loaded.model, loaded.tokenizer, config, ref)
+        trainer = grpo.GRPOTrainer(loaded.model, loaded.tokenizer, config, ref, compute)
     else:
-        trainer = rwr.RWRTrainer(loaded.model, loaded.tokenizer, config, ref)
+        trainer = rwr.RWRTrainer(loaded.model, loaded.tokenizer, config, ref, compute)
     metrics = trainer.train(selected, progress)
     metrics["rows_left_out"] = dict(dropped)
     metrics["warm_start"] = warm_start
-    return merged(trainer.model), _plain(metrics)
+    return merged(trainer.model).to(dtype), _plain(metrics)
 
 
 def config_from_manifest(kind: str, lineage: dict):

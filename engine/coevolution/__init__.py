@@ -9,7 +9,9 @@
     progress.py    Say and Phase, how long work reports itself
 """
 
-from .config import MODES, PROFILES, RunConfig, check_run_id, load_config, record_run_config, recorded_run_config, to_toml
+from .config import (
+    MODES, PROFILES, RunConfig, check_machine, check_run_id, load_config, record_run_config, recorded_run_config, to_toml,
+)
 from .curriculum import CurriculumConfig, GroupScore, env_reward, in_band, score_groups
 from .experiment import run_ablation
 from .progress import Phase, Say, no_phase
@@ -19,7 +21,7 @@ from .writer import LakeWriter, publish_checkpoint
 
 __all__ = [
     "MODES", "PROFILES", "CoEvolution", "CurriculumConfig", "EpochMetrics", "GeneratedTask", "GroupScore", "LakeWriter",
-    "ModelRole", "Phase", "Rollouts", "RunConfig", "Say", "Scorer", "Simulator", "Updater", "check_run_id",
+    "ModelRole", "Phase", "Rollouts", "RunConfig", "Say", "Scorer", "Simulator", "Updater", "check_machine", "check_run_id",
     "checkpoint_event", "env_reward", "in_band", "load_config", "no_phase", "publish_checkpoint",
     "record_run_config", "recorded_run_config", "run_ablation", "score_groups", "to_toml",
 ]

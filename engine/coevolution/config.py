@@ -20,7 +20,7 @@ from typing import Literal
 
 import tomli_w
 
-from trainers import GRPOConfig, RWRConfig
+from trainers import GRPOConfig, Precision, RWRConfig, vllm_available
 
 from ..domains import DOMAINS, get_domain
 from .curriculum import CurriculumConfig
@@ -54,6 +54,10 @@ class RunConfig:
     warm_start_learning_rate: float = 1e-4
     seeds_path: str = ""  # toolcall: draw the seeds from API-Bank's level-1-api.json (e.g. data/api-bank)
     backend: Literal["transformers", "vllm"] = "transformers"
+    device: str = "auto"  # where models live: auto (CUDA when present, else cpu), cpu, cuda, cuda:<n>
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on cpu), fp32, bf16, fp16; trainers keep fp32 master weights
+    tensor_parallel_size: int = 1  # vLLM: GPUs per engine
+    gpu_memory_utilization: float = 0.4  # vLLM: each engine's share of a GPU (the sync loop holds two engines)
     # Task granularity: with 8 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
     # G = 4 a task's p_hat is a multiple of 0.25, so k = 0.25 keeps the tasks solved sometimes but not always.
     curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(granularity="task", k=0.25))
@@ -83,6 +87,9 @@ class RunConfig:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.backend not in ("transformers", "vllm"):
             raise ValueError(f"backend must be transformers or vllm, got {self.backend!r}")
+        self.precision.check()
+        if self.tensor_parallel_size < 1 or not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("tensor_parallel_size must be >= 1 and gpu_memory_utilization in (0, 1]")
         for section in ("curriculum", "agent", "env"):
             try:
                 getattr(self, section).check()
@@ -90,6 +97,25 @@ class RunConfig:
                 raise ValueError(f"[{section}] {exc}") from None
         if self.agent.temperature != self.temperature:
             raise ValueError("agent.temperature must equal temperature (the logprobs are recorded at the sampling temperature)")
+
+
+    @property
+    def precision(self) -> Precision:
+        return Precision(self.device, self.dtype)
+
+
+def check_machine(config: RunConfig) -> None:
+    """What this machine must have for the run (ValueError naming what is missing), before any work starts: the
+    device, and vLLM with CUDA where backend = vllm. `RunConfig.check` does not ask, so a config for another
+    machine can still be read, printed and written."""
+    try:
+        config.precision.resolved()
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+    if config.backend == "vllm":
+        ok, why = vllm_available()
+        if not ok:
+            raise ValueError(f"backend = vllm cannot run here: {why}; use --set backend=transformers")
 
 
 PROFILES: dict[str, dict] = {

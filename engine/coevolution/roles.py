@@ -20,7 +20,7 @@ from lake import Lake
 from streams import BatchScored, CheckpointPublished, RewardScored, RolloutCompleted, TaskGenerated
 from trainers import (
     CheckpointRecord, SamplingConfig, TransformersBackend, VLLMBackend, load_checkpoint, load_published, render_prompt,
-    train_update,
+    sample_seed, train_update,
 )
 from trainers.update import SEED_VERSION
 
@@ -49,6 +49,11 @@ def _quiet(done: int, total: int) -> None:
     pass
 
 
+def rollout_seed(run_seed: int, task_id: str, index: int) -> int:
+    """The sampling seed of rollout `index` of a task: distinct within and across groups, fixed by the run's seed."""
+    return sample_seed(run_seed, task_id, index)
+
+
 class ModelRole:
     """A role that holds one model (kind agent or env) at one checkpoint version; nothing is loaded until `load`."""
 
@@ -58,6 +63,7 @@ class ModelRole:
         self.config, self.domain, self.run_id = config, domain, run_id
         self.version = 0  # the checkpoint version the role works with (0: the base model)
         self.model = None  # trainers.LoadedModel once loaded
+        self.engine = None  # the vLLM engine, built once per process on first use
 
     @property
     def base_model(self) -> str:
@@ -69,24 +75,36 @@ class ModelRole:
         version is kept."""
         if self.model is not None and version == self.version:
             return
-        self.model = (load_published(lake, self.kind, version, sha256) if sha256
-                      else load_checkpoint(lake, self.kind, version, self.base_model))
+        precision = self.config.precision
+        self.model = (load_published(lake, self.kind, version, sha256, precision) if sha256
+                      else load_checkpoint(lake, self.kind, version, self.base_model, precision))
         self.version = version
+        if self.engine is not None:
+            self.engine.load_weights(self.model.model)  # the same engine, new weights
 
     def unload(self) -> None:
         self.model = None
 
-    def generate(self, prompts: list[str], max_new_tokens: int, salt: int, greedy: bool = False, progress: Tick = _quiet):
+    def generate(self, prompts: list[str], max_new_tokens: int, seeds: list[int] | None = None, greedy: bool = False,
+                 progress: Tick = _quiet):
+        """One generation per prompt; seeds: one per prompt (trainers.sample_seed), unused when greedy."""
         if self.model is None:
             raise RuntimeError(f"{self.kind} model not loaded: call load() first")
         if not prompts:
             return []
         cfg = self.config
         sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0 if greedy else cfg.temperature,
-                                  seed=cfg.seed * 1_000_003 + salt)
-        backend = (VLLMBackend(self.model.source) if cfg.backend == "vllm"
-                   else TransformersBackend(self.model.model, self.model.tokenizer, batch_size=cfg.generation_batch_size))
-        return backend.generate(prompts, sampling, progress=progress)
+                                  seed=cfg.seed)
+        return self.backend().generate(prompts, sampling, seeds=seeds, progress=progress)
+
+    def backend(self):
+        cfg = self.config
+        if cfg.backend != "vllm":
+            return TransformersBackend(self.model.model, self.model.tokenizer, batch_size=cfg.generation_batch_size)
+        if self.engine is None:
+            self.engine = VLLMBackend(self.model.source, cfg.tensor_parallel_size, cfg.gpu_memory_utilization,
+                                      cfg.precision.resolved().dtype, cfg.seed)
+        return self.engine
 
 
 class Simulator(ModelRole):
@@ -144,11 +162,12 @@ class Simulator(ModelRole):
             requests = [self.domain.simulator_request(self.rng, summary) for _ in range(wanted)]
             prompts = [self.prompt(r.prompt) for r in requests]
             description = f"epoch {epoch}: simulator writes {wanted} tasks (attempt {attempt + 1})"
+            seeds = [sample_seed(cfg.seed, self.run_id, "simulator", epoch, attempt, i) for i in range(wanted)]
             if progress_for is None:
-                generations = self.generate(prompts, cfg.env_max_new_tokens, 1000 * epoch + attempt)
+                generations = self.generate(prompts, cfg.env_max_new_tokens, seeds)
             else:
                 with progress_for(description) as tick:
-                    generations = self.generate(prompts, cfg.env_max_new_tokens, 1000 * epoch + attempt, progress=tick)
+                    generations = self.generate(prompts, cfg.env_max_new_tokens, seeds, progress=tick)
             for request, generation in zip(requests, generations):
                 parsed = self.domain.parse(generation.text, request.context)
                 batch_id = self.batch_id(epoch, valid) if isinstance(parsed, Task) else f"{self.run_id}-e{epoch}-invalid"
@@ -185,11 +204,13 @@ class Rollouts(ModelRole):
     def prompt(self, task: Task) -> str:
         return render_prompt(self.model.tokenizer, self.domain.agent_prompt(task), system=self.domain.agent_system)
 
-    def roll_out(self, tasks: list[GeneratedTask], epoch: int, salt: int, progress: Tick = _quiet) -> list[RolloutCompleted]:
-        """group_size rollouts of every task, in task order; rollout ids are `<task id>-r<i>`."""
+    def roll_out(self, tasks: list[GeneratedTask], epoch: int, progress: Tick = _quiet) -> list[RolloutCompleted]:
+        """group_size rollouts of every task, in task order; rollout ids are `<task id>-r<i>`. Rollout i of a task is
+        sampled with `rollout_seed(run seed, task id, i)`: a group's rollouts differ, and a replay gets them again."""
         g = self.config.group_size
         prompts = [self.prompt(t.parsed) for t in tasks for _ in range(g)]
-        generations = self.generate(prompts, self.config.agent_max_new_tokens, salt, progress=progress)
+        seeds = [rollout_seed(self.config.seed, t.task_id, i) for t in tasks for i in range(g)]
+        generations = self.generate(prompts, self.config.agent_max_new_tokens, seeds, progress=progress)
         return [RolloutCompleted(
             run_id=self.run_id, epoch=epoch, rollout_id=f"{tasks[i // g].task_id}-r{i % g}", task_id=tasks[i // g].task_id,
             group_index=i % g, agent_model_version=str(self.version), prompt=generation.prompt,
@@ -198,7 +219,7 @@ class Rollouts(ModelRole):
 
     def validate(self, tasks: list[Task], progress: Tick = _quiet) -> float:
         """Mean success of greedy answers to `tasks` (the domain's held-out set)."""
-        generations = self.generate([self.prompt(t) for t in tasks], self.config.agent_max_new_tokens, 0, greedy=True,
+        generations = self.generate([self.prompt(t) for t in tasks], self.config.agent_max_new_tokens, greedy=True,
                                     progress=progress)
         return sum(self.domain.check(t, g.text).success for t, g in zip(tasks, generations)) / max(len(tasks), 1)
 
@@ -260,7 +281,8 @@ class Updater:
         when there are none to train on)."""
         base = self.config.agent_model if self.kind == "agent" else self.config.env_model
         return train_update(self.kind, lake, options or self.options, base_model=base, pool_version=pool_version,
-                            parent_version=parent_version, run_id=self.run_id, warm_start=warm_start, progress=progress)
+                            parent_version=parent_version, run_id=self.run_id, warm_start=warm_start,
+                            precision=self.config.precision, progress=progress)
 
     def event(self, record: CheckpointRecord, epoch: int) -> CheckpointPublished:
         return checkpoint_event(record, self.run_id, epoch)

@@ -169,7 +169,7 @@ class CoEvolution:
         events = [self.simulator.event(t) for t in published]
         lap("tasks")
         with self.phase(f"epoch {epoch}: rollouts") as tick:
-            rollouts = self.rollouts.roll_out(valid, epoch, salt=2 * epoch + 1, progress=tick)
+            rollouts = self.rollouts.roll_out(valid, epoch, progress=tick)
         lap("rollouts")
         by_id = {t.task_id: t for t in valid}
         rewards = [self.scorer.reward(by_id[r.task_id], r) for r in rollouts]

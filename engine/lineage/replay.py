@@ -28,9 +28,9 @@ import polars as pl
 from safetensors.torch import load_file
 
 from lake import CHECKPOINTS, POOLS, CommitRecord, Lake, read_table, rebuild_to, record_at, silver
-from trainers import load_checkpoint, manifest
+from trainers import Precision, load_checkpoint, manifest
 from trainers.checkpoints import WEIGHTS, checkpoint_dir, save_checkpoint
-from trainers.update import POOL_OF, ROW_KEY, config_from_manifest, fit, new_rows, select_update_rows
+from trainers.update import POOL_OF, ROW_KEY, config_from_manifest, fit, master_weights, new_rows, select_update_rows
 
 from ..coevolution import CurriculumConfig, Phase, Say, no_phase, recorded_run_config, score_groups
 from ..domains import Domain, get_domain, task_from_row
@@ -174,9 +174,11 @@ def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[i
     out.first_difference = first_row_difference(recorded_rows, rows, ROW_KEY[pool_name])
     if out.first_difference is None:
         selected, dropped = select_update_rows(kind, rows, plan.parent, config, warm_start)
-        loaded = load_checkpoint(lake, kind, plan.parent, lineage["base_model"])
+        # The precision the update ran in (checkpoints from before it was recorded ran in fp32 on the CPU).
+        precision = Precision(**lineage.get("precision", {"device": "cpu", "dtype": "fp32"}))
+        loaded = load_checkpoint(lake, kind, plan.parent, lineage["base_model"], master_weights(precision))
         with phase(f"retraining {kind} v{c['version']} on {selected.height} rows") as tick:
-            model, _ = fit(loaded, selected, dropped, config, lineage["base_model"], warm_start, tick)
+            model, _ = fit(loaded, selected, dropped, config, lineage["base_model"], warm_start, tick, precision)
         folder = checkpoint_dir(rebuilt, kind, c["version"])
         out.replayed_sha256 = save_checkpoint(model, loaded.tokenizer, folder, {**lineage, "path": str(folder)})
         if out.replayed_sha256 != c["sha256"]:

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import polars as pl
 
-from lake import CHECKPOINTS, VALIDATIONS, Lake, lag, read_table, silver
+from lake import VALIDATIONS, Lake, lag, read_table, silver
 from streams.broker import terminate
+from trainers import manifest, new_rows, select_update_rows
 
 from ..coevolution import CoEvolution, LakeWriter, RunConfig, to_toml
-from .worker import ROLES
+from .worker import ROLES, run_version
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +59,7 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
         # either makes its last update or has trained on everything the pool holds.
         wait(lambda: procs["simulator"].poll() is not None, "the simulator did not write its rounds")
         wait(lambda: lag(lake, bootstrap) == 0 and not _unscored_tasks(lake, engine.run_id), "rewards did not land")
-        wait(lambda: procs["train-agent"].poll() is not None or _agent_caught_up(lake, engine.run_id),
+        wait(lambda: procs["train-agent"].poll() is not None or _agent_caught_up(lake, engine.run_id, config),
              "the agent trainer did not catch up")
         for role in ("rollout", "reward", "train-agent", "train-env"):
             terminate(procs[role])
@@ -77,14 +78,18 @@ def _unscored_tasks(lake: Lake, run_id: str) -> int:
     return tasks.filter(~pl.col("task_id").is_in(covered.implode())).height
 
 
-def _agent_caught_up(lake: Lake, run_id: str) -> bool:
-    """The run's newest agent checkpoint was trained on the pool version that holds all the run's rollouts."""
-    checkpoints = read_table(lake, CHECKPOINTS).filter((pl.col("run_id") == run_id) & (pl.col("model_kind") == "agent"))
-    if checkpoints.is_empty():
+def _agent_caught_up(lake: Lake, run_id: str, config: RunConfig) -> bool:
+    """Nothing is left that the agent trainer would train on: every d_train row of the run is in the pool version
+    its newest checkpoint read, or is one the trainer's own rule leaves out for that parent (rollouts more than
+    agent.max_staleness versions behind it). Without the second half a run whose last rollouts all came from an
+    older agent would wait for an update that can never happen."""
+    parent = run_version(lake, "agent", run_id)
+    if parent == 0:
         return False
-    trained_on = int(checkpoints["pool_version"].max())
-    rows_then = read_table(lake, "gold/d_train", trained_on).filter(pl.col("run_id") == run_id).height
-    return rows_then == read_table(lake, "gold/d_train").filter(pl.col("run_id") == run_id).height
+    seen = manifest(lake, "agent", parent)["pool_version"]
+    rows = new_rows(lake, "d_train", lake.version("gold/d_train"), seen).filter(pl.col("run_id") == run_id)
+    selected, _ = select_update_rows("agent", rows, parent, config.agent, warm_start=False)
+    return selected.is_empty()
 
 
 def _still_refining(lake: Lake, quiet_s: float = 2.0) -> bool:

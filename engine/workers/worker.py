@@ -151,7 +151,6 @@ class RolloutWorker(Worker):
         rollouts.load(self.lake, run_version(self.lake, "agent", self.run_id))
         per_call = max(1, self.config.generation_batch_size // self.config.group_size)
         waiting: list[GeneratedTask] = []
-        calls = 0
         while not stop():
             for event in run_events(consumer, self.run_id):
                 if event.KIND == "checkpoint":
@@ -162,8 +161,7 @@ class RolloutWorker(Worker):
                         waiting.append(task)
             while waiting and not stop():
                 batch, waiting = waiting[:per_call], waiting[per_call:]
-                self.publish(rollouts.roll_out(batch, batch[0].epoch, salt=10_000 + calls))  # the reward worker scores them
-                calls += 1
+                self.publish(rollouts.roll_out(batch, batch[0].epoch))  # the reward worker scores them
 
 
 class RewardWorker(Worker):

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The GPU check (tests/gpu/check.py): needs only python with torch, transformers and peft; at most 5 minutes.
+#   bash tests/gpu/check.sh                       # CUDA: Qwen2.5-0.5B-like and 7B-like random models in bf16
+#   bash tests/gpu/check.sh --device cpu --small  # the same steps on a CPU
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
+exec timeout 300 "$PYTHON" tests/gpu/check.py "$@"

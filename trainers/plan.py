@@ -1,0 +1,195 @@
+"""Memory plans: what a run needs on each device, estimated from the models' configs before any model is loaded.
+
+Written by hand because nothing we use computes it: accelerate's `estimate-memory` counts one model's weights
+and Adam state (for a hub model it can download), but not two roles, a reference model, activations, the
+logits of a long vocabulary, vLLM's reservation or an FSDP split. The estimate is arithmetic over the
+architecture (tests/bench/trainers.py sets it beside a measured peak).
+
+What a device holds at the peak of a run, the sync loop's way (one update at a time):
+
+    generation    both roles' models in `dtype` (transformers), or each vLLM engine's reservation
+                  (gpu_memory_utilization x device memory; the weights live inside it)
+    + the largest update:
+      master      the trainer's fp32 weights (with LoRA: the base weights in `dtype`, adapters in fp32)
+      gradients   fp32, of what is trained
+      optimizer   AdamW: two fp32 moments of what is trained
+      reference   the base model in `dtype`, when beta > 0 (GRPO) or kl_coef > 0 (RWR); none with LoRA,
+                  whose base model is the reference with the adapters disabled
+      activations per micro-batch of per_device_train_batch_size sequences (Korthikanti et al., 2022:
+                  about 34 x hidden bytes per token and layer in 16-bit, attention by SDPA; with gradient
+                  checkpointing only each layer's 16-bit input is kept, plus one layer's full set), and the
+                  completion positions' fp32 logits (three copies: logits, log-softmax, their gradient)
+
+With FSDP over N devices the master weights, gradients and optimizer state are divided by N (full
+sharding); with DDP every device holds them whole.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .models import BUILTINS, Precision, cache_dir
+
+GIB = 1024 ** 3
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+PROMPT_TOKENS = 256  # the prompt length the plan assumes (simulator and agent prompts of the built-in domains are shorter)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The sizes of a Llama/Qwen2-style decoder: enough to count its parameters and activations."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool = False
+
+    @property
+    def parameters(self) -> int:
+        kv = self.hidden // self.heads * self.kv_heads
+        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * kv + (self.hidden + 2 * kv if self.qkv_bias else 0)
+        layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        return embeddings + self.layers * layer + self.hidden
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Architecture":
+        return cls(config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"],
+                   config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"],
+                   config["vocab_size"], bool(config.get("tie_word_embeddings", False)),
+                   bool(config.get("attention_bias", config.get("model_type") == "qwen2")))
+
+
+# Architectures of models the profiles name, for planning where their config cannot be read (no hub access).
+KNOWN = {
+    "tiny": Architecture(64, 128, 2, 4, 4, 262, True),
+    "smollm2-135m": Architecture(576, 1536, 30, 9, 3, 49152, True),
+    "Qwen/Qwen2.5-0.5B-Instruct": Architecture(896, 4864, 24, 14, 2, 151936, True, True),
+    "Qwen/Qwen2.5-7B-Instruct": Architecture(3584, 18944, 28, 28, 4, 152064, False, True),
+}
+
+
+def architecture(spec: str) -> Architecture:
+    """The architecture of a model spec (a built-in, a Hugging Face folder, a known hub id); ValueError otherwise."""
+    folder = cache_dir() / "models" / spec if spec in BUILTINS else Path(spec).expanduser()
+    if (folder / "config.json").is_file():
+        return Architecture.from_config(json.loads((folder / "config.json").read_text()))
+    if spec in KNOWN:
+        return KNOWN[spec]
+    raise ValueError(f"cannot plan memory for {spec!r}: no config.json there and not one of {', '.join(KNOWN)}")
+
+
+@dataclass
+class UpdatePlan:
+    """One role's update, in bytes per device."""
+
+    role: str
+    parameters: int
+    master: int
+    gradients: int
+    optimizer: int
+    reference: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.master + self.gradients + self.optimizer + self.reference + self.activations
+
+
+@dataclass
+class Plan:
+    device: str  # cuda or cpu
+    devices: int
+    memory_per_device: int  # bytes
+    generation: dict[str, int]  # role -> bytes its generation copy (or vLLM reservation) holds per device
+    updates: list[UpdatePlan] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        return sum(self.generation.values()) + max((u.total for u in self.updates), default=0)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.memory_per_device
+
+    def verdict(self) -> str:
+        where = f"{self.devices} x {self.memory_per_device / GIB:.0f} GiB {self.device}"
+        if self.fits:
+            return f"fits: {self.peak / GIB:.1f} GiB of {self.memory_per_device / GIB:.0f} GiB per device ({where})"
+        return (f"does not fit: needs {self.peak / GIB:.1f} GiB per device, {where} has {self.memory_per_device / GIB:.0f} GiB "
+                "(see `genenv plan`: LoRA, gradient checkpointing, bf16, fewer rows per micro-batch, or more devices with FSDP)")
+
+    def rows(self) -> list[tuple[str, str, float]]:
+        """(role, what, GiB per device) for a table."""
+        out = [(role.removesuffix(" vllm"), "vLLM reservation" if role.endswith(" vllm") else "generation", b / GIB)
+               for role, b in self.generation.items()]
+        for u in self.updates:
+            for what in ("master", "gradients", "optimizer", "reference", "activations"):
+                out.append((f"train {u.role}", what, getattr(u, what) / GIB))
+        return out
+
+
+def update_plan(role: str, arch: Architecture, options, dtype: str, prompt_tokens: int, completion_tokens: int,
+                shards: int) -> UpdatePlan:
+    n = arch.parameters
+    lora = getattr(options, "use_peft", False)
+    if lora:
+        targets = len(getattr(options, "lora_target_modules", ())) or 4
+        trained = arch.layers * targets * options.lora_r * 2 * arch.hidden  # A and B of each adapted projection
+        master = n * BYTES[dtype] + trained * 4
+    else:
+        trained = n
+        master = n * 4
+    uses_reference = bool(getattr(options, "beta", 0) or getattr(options, "kl_coef", 0))
+    reference = n * BYTES[dtype] if uses_reference and not lora else 0
+    rows = options.per_device_train_batch_size
+    tokens = rows * (prompt_tokens + completion_tokens)
+    act_bytes = BYTES[dtype] / 2  # Korthikanti's figure is for 16-bit activations
+    if getattr(options, "gradient_checkpointing", False):
+        activations = tokens * arch.hidden * (2 * arch.layers + 34) * act_bytes
+    else:
+        activations = tokens * arch.hidden * 34 * arch.layers * act_bytes
+    logits = rows * (completion_tokens + 1) * arch.vocab * 4 * 3
+    return UpdatePlan(role, n, int(master / shards), int(trained * 4 / shards), int(trained * 8 / shards),
+                      int(reference), int(activations + logits))
+
+
+def plan_run(config, devices: int = 1, memory_gib: float | None = None, sharded: bool = False) -> Plan:
+    """The memory plan of a RunConfig on `devices` devices of `memory_gib` each (default: this machine's: the
+    first CUDA device's memory, or the CPU's RAM). sharded: FSDP (full sharding) instead of DDP."""
+    precision: Precision = config.precision.resolved()
+    device = "cuda" if precision.device.startswith("cuda") else "cpu"
+    if memory_gib is None:
+        memory = _device_memory(device)
+    else:
+        memory = int(memory_gib * GIB)
+    dtype = precision.dtype
+    roles = {"agent": (config.agent_model, config.agent, config.agent_max_new_tokens)}
+    if config.mode != "seeds-only":
+        roles["env"] = (config.env_model, config.env, config.env_max_new_tokens)
+    generation = {}
+    for role, (model, _, _) in roles.items():
+        if config.backend == "vllm":
+            generation[f"{role} vllm"] = int(config.gpu_memory_utilization * memory)
+        else:
+            generation[role] = architecture(model).parameters * BYTES[dtype]
+    trained = [role for role in roles if role == "agent" or config.mode == "genenv"]
+    updates = [update_plan(role, architecture(roles[role][0]), roles[role][1], dtype, PROMPT_TOKENS, roles[role][2],
+                           devices if sharded else 1) for role in trained]
+    return Plan(device, devices, memory, generation, updates)
+
+
+def _device_memory(device: str) -> int:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory
+    import psutil
+
+    return psutil.virtual_memory().total
