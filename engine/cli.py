@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -128,7 +129,7 @@ def run(
     """The main job: co-evolve the agent and the simulator, everything through Kafka and the lake, then write a report.
 
     Every option of a run (curriculum alpha/beta/k/granularity, GRPO and RWR options with TRL's names, sizes, models, warm start) is listed with its value by `genenv config --profile P`; put any of them in a TOML file for --config, or override one with --set name=value (section.name=value for curriculum, agent, env)."""
-    from engine.coevolution import CoEvolution, LakeWriter, check_machine, load_config
+    from engine.coevolution import CoEvolution, LakeWriter, check_machine, check_plan, load_config
     from engine.lineage import metrics_from_lake, write_report
 
     flags = [f"{name}={value}" for name, value in (("domain", domain), ("mode", mode), ("epochs", epochs), ("seed", seed))
@@ -136,6 +137,7 @@ def run(
     try:
         cfg = load_config(profile, config, flags + list(set_))
         check_machine(cfg)  # the device, and vLLM where it is asked for: before the broker, the lake or a model
+        check_plan(cfg)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     check_lake_root(lake)
@@ -177,6 +179,44 @@ def show_config(
         print(to_toml(load_config(profile, config, list(set_))), end="")
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+@app.command()
+def plan(
+    profile: Annotated[str, typer.Option(help="quick, default or paper.")] = "default",
+    config: Annotated[Optional[Path], typer.Option("--config", help="A TOML file to layer on the profile.")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="An option as name=value; repeatable.")] = [],
+    gpus: Annotated[int, typer.Option(help="Devices the trainer runs on.")] = 1,
+    gpu_memory: Annotated[Optional[float], typer.Option(help="GiB per device (default: this machine's GPU, or its RAM).")] = None,
+    fsdp: Annotated[bool, typer.Option(help="Shard weights, gradients and optimiser state over the devices (FSDP) instead of DDP.")] = False,
+) -> None:
+    """The memory a run needs per device, by role and kind, and whether it fits: before anything is loaded."""
+    from engine.coevolution import load_config
+    from trainers.plan import GIB, plan_run
+
+    _check_positive(gpus=gpus)
+    try:
+        cfg = load_config(profile, config, list(set_))
+        # GPUs when this machine has one or --gpu-memory describes them, else this machine's CPU and RAM.
+        device = "cuda" if gpu_memory is not None or cfg.device.startswith("cuda") or _has_cuda() else "cpu"
+        the_plan = plan_run(cfg, gpus, gpu_memory, sharded=fsdp, device=device)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    table = Table(title=f"memory plan: {profile}, {cfg.agent_model} / {cfg.env_model}, {the_plan.dtype}, "
+                        f"{gpus} x {device}{' FSDP' if fsdp else ''}")
+    for column, justify in (("role", "left"), ("what", "left"), ("GiB per device", "right")):
+        table.add_column(column, justify=justify)
+    for role, what, gib in the_plan.rows():
+        table.add_row(role, what, f"{gib:.2f}")
+    table.add_row("peak", "", f"{the_plan.peak / GIB:.2f}", style="bold")
+    console.print(table)
+    console.print(escape(the_plan.verdict()))
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @experiment_app.command("ablation")
@@ -251,14 +291,17 @@ def train(
     run_id: Annotated[str, typer.Option(help="Run id stamped on the CheckpointPublished event.")] = "manual",
     epoch: Annotated[int, typer.Option(help="Epoch stamped on the event.")] = 0,
     bootstrap: BootstrapOpt = None,
+    num_processes: Annotated[int, typer.Option(help="Processes of one data-parallel update (torchrun and accelerate: gloo on CPUs, NCCL on GPUs).")] = 1,
 ) -> None:
     """One update: train the agent or the simulator on its pool, write a checkpoint, publish and register it."""
     from engine.coevolution import publish_checkpoint
     from engine.coevolution.overrides import OverrideError, apply_overrides
-    from trainers import KINDS, CheckpointError, ModelNotFound, TrainError, default_config, train_update
+    from trainers import KINDS, POOL_OF, CheckpointError, ModelNotFound, TrainError, default_config, latest_version, train_update
+    from trainers.distributed import world_size
 
     if kind not in KINDS:
         raise UserError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
+    _check_positive(num_processes=num_processes)
     try:
         config = apply_overrides(default_config(kind), set_)
     except OverrideError as exc:
@@ -266,12 +309,25 @@ def train(
     lake_ = Lake(lake, create=False)
     if configured_bootstrap(bootstrap):
         require_broker(configured_bootstrap(bootstrap))  # before training: its checkpoint must be publishable
+    if num_processes > 1 and world_size() == 1:
+        # Every rank must read the same pool version and parent: resolved here, once, then passed to each.
+        pool_version = lake_.version(f"gold/{POOL_OF[kind]}") if pool_version is None else pool_version
+        parent = latest_version(lake_, kind) if parent is None else parent
+        ranks = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_processes}",
+                 "-m", "engine.cli", "train", kind, "--lake", str(lake), "--pool-version", str(pool_version),
+                 "--parent", str(parent), "--run-id", run_id, "--epoch", str(epoch),
+                 *(["--model", model] if model else []), *[a for item in set_ for a in ("--set", item)],
+                 *(["--bootstrap", bootstrap] if bootstrap else [])]
+        raise typer.Exit(subprocess.call(ranks))
+    rank = int(os.environ.get("RANK", "0"))
     with _phases() as phase, phase(f"training {kind}") as tick:
         try:
             record = train_update(kind, lake_, config, base_model=model, pool_version=pool_version, parent_version=parent,
                                   progress=tick)
         except (TrainError, CheckpointError, ModelNotFound) as exc:
             raise UserError(str(exc)) from None
+    if rank != 0:
+        return  # rank 0 wrote the checkpoint; it publishes it too
     with kafka_bootstrap(bootstrap) as servers, console.status(f"publishing {kind} v{record.version}"):
         publish_checkpoint(lake_, servers, record, run_id, epoch)
     summary = Table(title=f"{kind} v{record.version}")

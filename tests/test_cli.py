@@ -58,7 +58,23 @@ BAD_INVOCATIONS = {  # name: (arguments, what the one line says); LAKE is a path
     "vllm_worker_without_cuda": (["worker", "rollout", "--run-id", "r1", "--lake", "LAKE", "--set", "backend=vllm"],
                                  "backend = vllm cannot run here"),
     "bad_dtype": (["run", "--profile", "quick", "--lake", "LAKE", "--set", "dtype=fp8"], "dtype must be auto, fp32, bf16, fp16"),
+    "plan_cannot_fit": (["run", "--profile", "quick", "--lake", "LAKE", "--set", "agent.per_device_train_batch_size=100000000"],
+                        "memory plan: does not fit"),
 }
+
+
+def test_the_memory_plan_prints_its_table_and_a_verdict():
+    """The paper profile fits one 141 GB GPU (LoRA, gradient checkpointing, two vLLM engines of 15%); the same on a
+    40 GB GPU does not, and says what to change."""
+    fits = genenv_cli("plan", "--profile", "paper", "--gpu-memory", "141", timeout=120)
+    assert fits.returncode == 0, fits.stderr
+    for row in ("vLLM reservation", "master", "gradients", "optimizer", "reference", "activations", "peak"):
+        assert row in fits.stdout
+    assert "fits:" in fits.stdout and "of 141 GiB per device (1 x 141 GiB cuda)" in fits.stdout
+    small = genenv_cli("plan", "--profile", "paper", "--gpu-memory", "40", timeout=120)
+    assert small.returncode == 0 and "does not fit" in small.stdout and "FSDP" in small.stdout
+    unknown = genenv_cli("plan", "--set", "agent_model=/no/such/model", timeout=120)
+    assert unknown.returncode == 2 and "cannot plan memory for '/no/such/model'" in unknown.stderr
 
 
 @pytest.mark.parametrize("name", list(BAD_INVOCATIONS))

@@ -1,5 +1,10 @@
 """Model loading and generation with real (tiny and packaged) models."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -103,3 +108,15 @@ def test_every_rollout_of_a_run_gets_its_own_seed_and_a_replay_the_same(run_seed
     assert len(set(seeds)) == len(seeds)
     assert seeds == [rollout_seed(run_seed, task, i) for task in sorted(task_ids) for i in range(group)]
     assert all(0 <= s < 2**63 for s in seeds)
+
+
+def test_the_gpu_check_runs_on_the_cpu_with_a_small_config():
+    """tests/gpu/check.sh is what runs once a GPU is lent; on the CPU it proves it still imports and passes."""
+    from conftest import ROOT
+
+    result = subprocess.run(["bash", "tests/gpu/check.sh", "--device", "cpu", "--small"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    (line,) = result.stdout.strip().splitlines()
+    report = json.loads(line)
+    assert report["ok"] and report["groups_with_distinct_samples"] == "4/4" and report["weights_moved"]

@@ -31,7 +31,8 @@ import polars as pl
 import torch
 
 from .batching import TokenBatch, completion_logps, pack
-from .loop import OptimConfig, Progress, chunk, optimise, with_lora
+from .distributed import rank_batches
+from .loop import OptimConfig, Progress, optimise, with_lora
 from .losses import GRPOLossConfig, group_advantages, grpo_loss
 
 
@@ -95,7 +96,8 @@ def select_rows(rows: pl.DataFrame, parent_version: int, config: GRPOConfig) -> 
 class GRPOTrainer:
     """compute: a context manager every forward pass runs in (mixed precision's autocast; none by default)."""
 
-    def __init__(self, model, tokenizer, config: GRPOConfig, ref_model=None, compute=contextlib.nullcontext):
+    def __init__(self, model, tokenizer, config: GRPOConfig, ref_model=None, compute=contextlib.nullcontext,
+                 accelerator=None):
         config.check()
         if config.beta and ref_model is None:
             raise ValueError("beta > 0 needs a reference model")
@@ -104,6 +106,8 @@ class GRPOTrainer:
         self.model = with_lora(model, config) if config.use_peft else model
         self.ref_model = ref_model
         self.compute = compute
+        self.accelerator = accelerator  # several processes: this rank's share of the rows (trainers/distributed.py)
+        self.rank, self.world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
 
     def micro_batches(self, rows: pl.DataFrame) -> list[MicroBatch]:
         """Advantages over each task's group, then micro-batches in a seeded order, with every
@@ -116,7 +120,7 @@ class GRPOTrainer:
         prompts = self.tokenizer(rows["prompt"].to_list(), add_special_tokens=False)["input_ids"]
         order = torch.randperm(rows.height, generator=torch.Generator().manual_seed(cfg.seed)).tolist()
         batches = []
-        for indices in chunk(order, cfg.per_device_train_batch_size):
+        for indices in rank_batches(order, cfg.per_device_train_batch_size, self.rank, self.world):
             completions = [rows["completion_token_ids"][i].to_list() for i in indices]
             tokens = pack([prompts[i] for i in indices], completions, self.tokenizer.pad_token_id)
             behaviour = _pad([rows["behaviour_logprobs"][i].to_list() for i in indices], tokens.completion_width)
@@ -141,14 +145,15 @@ class GRPOTrainer:
         torch.manual_seed(self.config.seed)
         batches = self.micro_batches(rows)
 
-        def loss_of(mb: MicroBatch):
+        def loss_of(mb: MicroBatch, model):
             with self.compute():
-                logps = completion_logps(self.model, mb.tokens, self.config.temperature)
+                logps = completion_logps(model, mb.tokens, self.config.temperature)
             on = lambda t: None if t is None else t.to(logps.device)  # noqa: E731
             return grpo_loss(logps, on(mb.old_logps), on(mb.advantages), on(mb.tokens.completion_mask), self.config,
                              on(mb.ref_logps), on(mb.token_weights))
 
-        metrics = optimise(self.model, batches, loss_of, self.config, self.config.num_iterations, progress)
+        metrics = optimise(self.model, batches, loss_of, self.config, self.config.num_iterations, progress,
+                           self.accelerator)
         rewards = rows["reward"]
         zero_std = rows.group_by("task_id").agg(pl.col("reward").n_unique() == 1)["reward"].mean()
         return {**metrics, "rows": rows.height, "groups": rows["task_id"].n_unique(), "reward_mean": rewards.mean(),

@@ -13,8 +13,8 @@ What a device holds at the peak of a run, the sync loop's way (one update at a t
       master      the trainer's fp32 weights (with LoRA: the base weights in `dtype`, adapters in fp32)
       gradients   fp32, of what is trained
       optimizer   AdamW: two fp32 moments of what is trained
-      reference   the base model in `dtype`, when beta > 0 (GRPO) or kl_coef > 0 (RWR); none with LoRA,
-                  whose base model is the reference with the adapters disabled
+      reference   the base model in `dtype`, when beta > 0 (GRPO) or kl_coef > 0 (RWR) (with LoRA too: the
+                  parent under the adapters is the last checkpoint, not the base model)
       activations per micro-batch of per_device_train_batch_size sequences (Korthikanti et al., 2022:
                   about 34 x hidden bytes per token and layer in 16-bit, attention by SDPA; with gradient
                   checkpointing only each layer's 16-bit input is kept, plus one layer's full set), and the
@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .models import BUILTINS, Precision, cache_dir
+from .models import BUILTINS, cache_dir
 
 GIB = 1024 ** 3
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -105,6 +105,7 @@ class UpdatePlan:
 @dataclass
 class Plan:
     device: str  # cuda or cpu
+    dtype: str  # what the models compute in
     devices: int
     memory_per_device: int  # bytes
     generation: dict[str, int]  # role -> bytes its generation copy (or vLLM reservation) holds per device
@@ -147,7 +148,7 @@ def update_plan(role: str, arch: Architecture, options, dtype: str, prompt_token
         trained = n
         master = n * 4
     uses_reference = bool(getattr(options, "beta", 0) or getattr(options, "kl_coef", 0))
-    reference = n * BYTES[dtype] if uses_reference and not lora else 0
+    reference = n * BYTES[dtype] if uses_reference else 0
     rows = options.per_device_train_batch_size
     tokens = rows * (prompt_tokens + completion_tokens)
     act_bytes = BYTES[dtype] / 2  # Korthikanti's figure is for 16-bit activations
@@ -160,16 +161,16 @@ def update_plan(role: str, arch: Architecture, options, dtype: str, prompt_token
                       int(reference), int(activations + logits))
 
 
-def plan_run(config, devices: int = 1, memory_gib: float | None = None, sharded: bool = False) -> Plan:
+def plan_run(config, devices: int = 1, memory_gib: float | None = None, sharded: bool = False,
+             device: str | None = None) -> Plan:
     """The memory plan of a RunConfig on `devices` devices of `memory_gib` each (default: this machine's: the
-    first CUDA device's memory, or the CPU's RAM). sharded: FSDP (full sharding) instead of DDP."""
-    precision: Precision = config.precision.resolved()
-    device = "cuda" if precision.device.startswith("cuda") else "cpu"
-    if memory_gib is None:
-        memory = _device_memory(device)
-    else:
-        memory = int(memory_gib * GIB)
-    dtype = precision.dtype
+    first CUDA device's memory, or the CPU's RAM). sharded: FSDP (full sharding) instead of DDP. device: "cuda" or
+    "cpu" to plan for (default: where the config's device resolves on this machine); an "auto" dtype is then bf16
+    on CUDA and fp32 on the CPU, as it would be there."""
+    if device is None:
+        device = "cuda" if config.precision.resolved().device.startswith("cuda") else "cpu"
+    memory = _device_memory(device) if memory_gib is None else int(memory_gib * GIB)
+    dtype = config.dtype if config.dtype != "auto" else ("bf16" if device == "cuda" else "fp32")
     roles = {"agent": (config.agent_model, config.agent, config.agent_max_new_tokens)}
     if config.mode != "seeds-only":
         roles["env"] = (config.env_model, config.env, config.env_max_new_tokens)
@@ -182,7 +183,7 @@ def plan_run(config, devices: int = 1, memory_gib: float | None = None, sharded:
     trained = [role for role in roles if role == "agent" or config.mode == "genenv"]
     updates = [update_plan(role, architecture(roles[role][0]), roles[role][1], dtype, PROMPT_TOKENS, roles[role][2],
                            devices if sharded else 1) for role in trained]
-    return Plan(device, devices, memory, generation, updates)
+    return Plan(device, dtype, devices, memory, generation, updates)
 
 
 def _device_memory(device: str) -> int:

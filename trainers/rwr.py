@@ -20,7 +20,8 @@ import polars as pl
 import torch
 
 from .batching import TokenBatch, completion_logps, pack
-from .loop import OptimConfig, Progress, chunk, optimise, with_lora
+from .distributed import rank_batches
+from .loop import OptimConfig, Progress, optimise, with_lora
 from .losses import rwr_loss, rwr_weights
 
 
@@ -53,7 +54,8 @@ def select_rows(rows: pl.DataFrame) -> tuple[pl.DataFrame, Counter]:
 class RWRTrainer:
     """compute: a context manager every forward pass runs in (mixed precision's autocast; none by default)."""
 
-    def __init__(self, model, tokenizer, config: RWRConfig, ref_model=None, compute=contextlib.nullcontext):
+    def __init__(self, model, tokenizer, config: RWRConfig, ref_model=None, compute=contextlib.nullcontext,
+                 accelerator=None):
         config.check()
         if config.kl_coef and ref_model is None:
             raise ValueError("kl_coef > 0 needs the initial simulator as reference model")
@@ -62,6 +64,8 @@ class RWRTrainer:
         self.model = with_lora(model, config) if config.use_peft else model
         self.ref_model = ref_model
         self.compute = compute
+        self.accelerator = accelerator  # several processes: this rank's share of the rows (trainers/distributed.py)
+        self.rank, self.world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
 
     def micro_batches(self, rows: pl.DataFrame) -> list[MicroBatch]:
         cfg, tok = self.config, self.tokenizer
@@ -71,7 +75,7 @@ class RWRTrainer:
         generations = [ids + [tok.eos_token_id] for ids in tok(rows["text"].to_list(), add_special_tokens=False)["input_ids"]]
         order = torch.randperm(rows.height, generator=torch.Generator().manual_seed(cfg.seed)).tolist()
         batches = []
-        for indices in chunk(order, cfg.per_device_train_batch_size):
+        for indices in rank_batches(order, cfg.per_device_train_batch_size, self.rank, self.world):
             tokens = pack([prompts[i] for i in indices], [generations[i] for i in indices], tok.pad_token_id)
             ref = None
             if cfg.kl_coef:
@@ -85,15 +89,16 @@ class RWRTrainer:
         torch.manual_seed(self.config.seed)
         batches = self.micro_batches(rows)
 
-        def loss_of(mb: MicroBatch):
+        def loss_of(mb: MicroBatch, model):
             with self.compute():
-                logps = completion_logps(self.model, mb.tokens)
+                logps = completion_logps(model, mb.tokens)
             on = lambda t: None if t is None else t.to(logps.device)  # noqa: E731
             # rwr_loss takes weights that sum to 1; these average 1, so divide by the micro-batch size.
             return rwr_loss(logps, on(mb.tokens.completion_mask), on(mb.weights / len(mb.weights)), self.config.kl_coef,
                             on(mb.ref_logps))
 
-        metrics = optimise(self.model, batches, loss_of, self.config, self.config.num_train_epochs, progress)
+        metrics = optimise(self.model, batches, loss_of, self.config, self.config.num_train_epochs, progress,
+                           self.accelerator)
         weights = torch.cat([mb.weights for mb in batches]) / rows.height
         return {**metrics, "rows": rows.height, "env_reward_mean": rows["env_reward"].mean(),
                 "effective_sample_size": float(1.0 / (weights ** 2).sum())}

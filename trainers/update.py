@@ -20,10 +20,11 @@ from dataclasses import asdict
 
 import polars as pl
 import torch
+from accelerate.utils import broadcast_object_list
 
-from lake import POOLS, Lake, checkpoint_path, read_pool
+from lake import POOLS, WEIGHTS, Lake, checkpoint_path, file_sha256, read_pool
 
-from . import grpo, rwr
+from . import distributed, grpo, rwr
 from .checkpoints import (
     KINDS, CheckpointRecord, checkpoint_dir, config_hash, latest_version, load_checkpoint, manifest, save_checkpoint,
 )
@@ -103,9 +104,16 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
         why = f"; left out: {dict(dropped)}" if dropped else ""
         raise TrainError(f"{table}@{pool_version} holds no rows to train the {kind} on{since}{why}")
 
-    loaded = load_checkpoint(lake, kind, parent, base_model, master_weights(precision))
-    model, metrics = fit(loaded, selected, dropped, config, base_model, warm_start, progress, precision)
+    group = distributed.accelerator(cpu=precision.device == "cpu")
+    if group is not None:
+        device = "cpu" if group.device.type == "cpu" else str(group.device)  # each rank on its own device
+        precision = Precision(device, precision.dtype)
+    loaded = load_checkpoint(lake, kind, parent, base_model, master_weights(precision, config))
+    model, metrics = fit(loaded, selected, dropped, config, base_model, warm_start, progress, precision, group)
     version = max(parent, latest_version(lake, kind)) + 1
+    if group is not None:
+        version = broadcast_object_list([version])[0]  # rank 0's answer, should the registry move meanwhile
+        metrics["processes"] = group.num_processes
     target = checkpoint_dir(lake, kind, version)
     record = CheckpointRecord(
         model_kind=kind, version=version, parent_version=parent, base_model=base_model,
@@ -115,7 +123,11 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
     )
     lineage = {**asdict(record), "config": asdict(config), "precision": asdict(precision)}
     lineage.pop("sha256")
-    record.sha256 = save_checkpoint(model, loaded.tokenizer, target, lineage)
+    if group is None or group.is_main_process:
+        record.sha256 = save_checkpoint(model, loaded.tokenizer, target, lineage)
+    if group is not None:
+        group.wait_for_everyone()  # the other ranks read rank 0's file, never write one
+        record.sha256 = file_sha256(target / WEIGHTS)
     return record
 
 
@@ -131,17 +143,19 @@ def select_update_rows(kind: str, rows: pl.DataFrame, parent: int, config, warm_
     return rwr.select_rows(rows)
 
 
-def master_weights(precision: Precision) -> Precision:
-    """Trainers hold fp32 weights (and so fp32 gradients and optimiser state) whatever they compute in."""
-    return Precision(precision.resolved().device, "fp32")
+def master_weights(precision: Precision, config) -> Precision:
+    """How a trainer holds the parent's weights: fp32 (so fp32 gradients and optimiser state) whatever it computes
+    in; with LoRA the frozen base stays in the compute dtype and only the adapters (fp32, as peft makes them) train."""
+    precision = precision.resolved()
+    return precision if getattr(config, "use_peft", False) else Precision(precision.device, "fp32")
 
 
 def fit(loaded: LoadedModel, selected: pl.DataFrame, dropped: Counter, config, base_model: str, warm_start: bool,
-        progress: Progress | None = None, precision: Precision = CPU) -> tuple[torch.nn.Module, dict]:
+        progress: Progress | None = None, precision: Precision = CPU, group=None) -> tuple[torch.nn.Module, dict]:
     """Train the parent model (loaded with fp32 master weights) on the selected rows: (the trained model, LoRA
     merged, in the precision's dtype; its metrics). Forward passes run under autocast when the dtype is not
-    fp32 (mixed precision). Deterministic on CPU for the same parent, rows, config, seed and precision: replay
-    relies on it."""
+    fp32 (mixed precision). group: the Accelerator of a multi-process update (trainers/distributed.py). Deterministic
+    on CPU for the same parent, rows, config, seed, precision and number of processes: replay relies on it."""
     precision = precision.resolved()
     dtype = precision.torch_dtype
     ref = None
@@ -155,10 +169,12 @@ def fit(loaded: LoadedModel, selected: pl.DataFrame, dropped: Counter, config, b
 
     torch.manual_seed(config.seed)
     if isinstance(config, grpo.GRPOConfig):
-        trainer = grpo.GRPOTrainer(loaded.model, loaded.tokenizer, config, ref, compute)
+        trainer = grpo.GRPOTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group)
     else:
-        trainer = rwr.RWRTrainer(loaded.model, loaded.tokenizer, config, ref, compute)
+        trainer = rwr.RWRTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group)
     metrics = trainer.train(selected, progress)
+    if group is not None and distributed.left_out(selected.height, config.per_device_train_batch_size, group.num_processes):
+        dropped["uneven_tail"] += distributed.left_out(selected.height, config.per_device_train_batch_size, group.num_processes)
     metrics["rows_left_out"] = dict(dropped)
     metrics["warm_start"] = warm_start
     return merged(trainer.model).to(dtype), _plain(metrics)

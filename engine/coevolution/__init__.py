@@ -10,7 +10,7 @@
 """
 
 from .config import (
-    MODES, PROFILES, RunConfig, check_machine, check_run_id, load_config, record_run_config, recorded_run_config, to_toml,
+    MODES, PROFILES, RunConfig, check_machine, check_plan, check_run_id, load_config, record_run_config, recorded_run_config, to_toml,
 )
 from .curriculum import CurriculumConfig, GroupScore, env_reward, in_band, score_groups
 from .experiment import run_ablation
@@ -21,7 +21,7 @@ from .writer import LakeWriter, publish_checkpoint
 
 __all__ = [
     "MODES", "PROFILES", "CoEvolution", "CurriculumConfig", "EpochMetrics", "GeneratedTask", "GroupScore", "LakeWriter",
-    "ModelRole", "Phase", "Rollouts", "RunConfig", "Say", "Scorer", "Simulator", "Updater", "check_machine", "check_run_id",
+    "ModelRole", "Phase", "Rollouts", "RunConfig", "Say", "Scorer", "Simulator", "Updater", "check_machine", "check_plan", "check_run_id",
     "checkpoint_event", "env_reward", "in_band", "load_config", "no_phase", "publish_checkpoint",
     "record_run_config", "recorded_run_config", "run_ablation", "score_groups", "to_toml",
 ]

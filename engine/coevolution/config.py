@@ -21,6 +21,7 @@ from typing import Literal
 import tomli_w
 
 from trainers import GRPOConfig, Precision, RWRConfig, vllm_available
+from trainers.plan import plan_run
 
 from ..domains import DOMAINS, get_domain
 from .curriculum import CurriculumConfig
@@ -118,6 +119,17 @@ def check_machine(config: RunConfig) -> None:
             raise ValueError(f"backend = vllm cannot run here: {why}; use --set backend=transformers")
 
 
+def check_plan(config: RunConfig) -> None:
+    """ValueError when the run's memory plan (trainers/plan.py) cannot fit this machine's device; a run whose models
+    the plan cannot size (a GGUF file, a hub id it does not know) is not stopped."""
+    try:
+        the_plan = plan_run(config)
+    except ValueError:
+        return
+    if not the_plan.fits:
+        raise ValueError(f"memory plan: {the_plan.verdict()}")
+
+
 PROFILES: dict[str, dict] = {
     # tiny models, 2 epochs: the whole loop in about a minute on a laptop CPU (tests use it). A random tiny
     # model needs ~150 passes over 16 seeds before it writes parseable tasks.
@@ -128,12 +140,17 @@ PROFILES: dict[str, dict] = {
     # smollm2-135m on CPU: the embedded default
     "default": {},  # see RunConfig's defaults
     # the paper's settings (Qwen2.5-7B-Instruct, batch 64, 8 rollouts, vLLM) for GPU machines
+    # The plan (`genenv plan --profile paper`) fits one 141 GB GPU: two vLLM engines of 15% each, LoRA updates of a
+    # bf16 base with gradient checkpointing, and the simulator's reference model for its KL term. README: an
+    # 8 x 80 GB FSDP variant with full fine-tuning.
     "paper": {"agent_model": "Qwen/Qwen2.5-7B-Instruct", "env_model": "Qwen/Qwen2.5-7B-Instruct", "epochs": 10,
               "tasks_per_epoch": 64, "batch_size": 64, "group_size": 8, "agent_max_new_tokens": 512,
               "env_max_new_tokens": 512, "validation_size": 200, "warm_start": False, "backend": "vllm",
-              "temperature": 1.0, "curriculum.granularity": "batch", "curriculum.k": 0.1,
-              "generation_batch_size": 256, "agent.learning_rate": 1e-6, "env.learning_rate": 1e-6,
-              "agent.per_device_train_batch_size": 8, "agent.gradient_accumulation_steps": 8},
+              "gpu_memory_utilization": 0.15, "temperature": 1.0, "curriculum.granularity": "batch", "curriculum.k": 0.1,
+              "generation_batch_size": 256, "agent.learning_rate": 1e-5, "env.learning_rate": 1e-5,
+              "agent.per_device_train_batch_size": 8, "agent.gradient_accumulation_steps": 8,
+              "agent.use_peft": True, "env.use_peft": True, "agent.gradient_checkpointing": True,
+              "env.gradient_checkpointing": True},
 }
 
 

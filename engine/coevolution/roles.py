@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from lake import Lake
 from streams import BatchScored, CheckpointPublished, RewardScored, RolloutCompleted, TaskGenerated
 from trainers import (
-    CheckpointRecord, SamplingConfig, TransformersBackend, VLLMBackend, load_checkpoint, load_published, render_prompt,
+    CheckpointRecord, Precision, SamplingConfig, TransformersBackend, VLLMBackend, load_checkpoint, load_published, render_prompt,
     sample_seed, train_update,
 )
 from trainers.update import SEED_VERSION
@@ -75,7 +75,9 @@ class ModelRole:
         version is kept."""
         if self.model is not None and version == self.version:
             return
-        precision = self.config.precision
+        # With vLLM the weights that generate live in its engine: the transformers copy, only read to load them
+        # into it, stays on the CPU.
+        precision = self.config.precision if self.config.backend != "vllm" else Precision("cpu", self.config.dtype)
         self.model = (load_published(lake, self.kind, version, sha256, precision) if sha256
                       else load_checkpoint(lake, self.kind, version, self.base_model, precision))
         self.version = version

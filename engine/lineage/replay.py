@@ -176,7 +176,7 @@ def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[i
         selected, dropped = select_update_rows(kind, rows, plan.parent, config, warm_start)
         # The precision the update ran in (checkpoints from before it was recorded ran in fp32 on the CPU).
         precision = Precision(**lineage.get("precision", {"device": "cpu", "dtype": "fp32"}))
-        loaded = load_checkpoint(lake, kind, plan.parent, lineage["base_model"], master_weights(precision))
+        loaded = load_checkpoint(lake, kind, plan.parent, lineage["base_model"], master_weights(precision, config))
         with phase(f"retraining {kind} v{c['version']} on {selected.height} rows") as tick:
             model, _ = fit(loaded, selected, dropped, config, lineage["base_model"], warm_start, tick, precision)
         folder = checkpoint_dir(rebuilt, kind, c["version"])

@@ -105,15 +105,15 @@ def check_model(name: str, device: str, dtype: torch.dtype, m) -> dict:
     grpo_config = losses.GRPOLossConfig()
     options = loop.OptimConfig(learning_rate=1e-4, per_device_train_batch_size=len(samples))
 
-    def grpo_step(_):
+    def grpo_step(_, net):
         with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
-            logps = batching.completion_logps(model, tokens)
+            logps = batching.completion_logps(net, tokens)
         return losses.grpo_loss(logps, recorded.to(logps.device), advantages.to(logps.device),
                                 tokens.completion_mask.to(logps.device), grpo_config)
 
-    def rwr_step(_):
+    def rwr_step(_, net):
         with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
-            logps = batching.completion_logps(model, tokens)
+            logps = batching.completion_logps(net, tokens)
         weights = losses.rwr_weights(rewards, 0.2).to(logps.device)
         return losses.rwr_loss(logps, tokens.completion_mask.to(logps.device), weights)
 

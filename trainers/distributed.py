@@ -1,0 +1,58 @@
+"""Data-parallel updates through Hugging Face accelerate: several processes, one update, one checkpoint.
+
+    genenv train agent --num-processes 2 ...        # on one machine (torchrun underneath; gloo on CPUs)
+    accelerate launch --num_processes 8 -m engine.cli train agent --pool-version V --parent P ...
+
+accelerate does what it is for: it reads the launcher's environment, sets up the process group (gloo on
+CPUs, NCCL on GPUs), wraps the model for DDP in `prepare` and reduces the gradients in `backward`; FSDP is
+chosen the accelerate way (`accelerate launch --use_fsdp ...` or an accelerate config file). What is ours
+is the rule for which rows each rank trains on, kept in `rank_batches`, a plain function the CPU tests
+exercise: every rank reads the same pool version (resolved once, before the ranks start), the rows are put
+in one seeded order, cut into global batches of per_device_train_batch_size x world rows, and each rank
+takes an equal, contiguous slice of each. The average of the ranks' gradients is then the gradient of the
+global batch for losses that are means over rows (RWR, GRPO with loss_type "grpo"); "bnpo" and "dr_grpo"
+without max_completion_length normalise by each rank's own tokens, as TRL's GRPOTrainer does per process.
+Only rank 0 writes, hashes and publishes the checkpoint; the others wait for it.
+
+Untested beyond the CPU: multi-GPU DDP and FSDP have not run (README, "What has not run").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+
+def world_size() -> int:
+    """Processes of this update, as the launcher (torchrun, accelerate launch) set them; 1 without one."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def accelerator(cpu: bool):
+    """The process group's Accelerator, or None in a single process (whose update stays bit-identical to a
+    plain torch loop, so replays of single-process checkpoints never depend on accelerate)."""
+    if world_size() <= 1:
+        return None
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=cpu)
+
+
+def rank_batches(order: Sequence[int], per_device: int, rank: int = 0, world: int = 1) -> list[list[int]]:
+    """This rank's micro-batches: `order` cut into global batches of per_device x world rows, each split into
+    `world` equal contiguous slices. Rows that cannot be split equally (the tail of the last global batch) are
+    left out when world > 1; `left_out` counts them."""
+    if world == 1:
+        return [list(order[i:i + per_device]) for i in range(0, len(order), per_device)]
+    batches = []
+    for start in range(0, len(order), per_device * world):
+        rows = list(order[start:start + per_device * world])
+        size = len(rows) // world
+        if size:
+            batches.append(rows[rank * size:(rank + 1) * size])
+    return batches
+
+
+def left_out(n_rows: int, per_device: int, world: int) -> int:
+    """Rows no rank trains on (see rank_batches)."""
+    return n_rows - world * sum(len(b) for b in rank_batches(range(n_rows), per_device, 0, world))
