@@ -3,7 +3,10 @@ and the checkpoint registry's rules."""
 
 from .ingest import CommitRecord, IngestConfig, Ingestor, IngestStats, ingest, lag
 from .rebuild import rebuild_to, record_at
-from .registry import WEIGHTS, checkpoint_path, file_sha256, registry_refusal
+from .registry import (
+    WEIGHTS, WEIGHTS_MANIFEST, checkpoint_path, file_sha256, registry_refusal, weight_files, weights_digest,
+    weights_refusal, write_weights_manifest,
+)
 from .snapshots import TableVersion, quarantine_by_reason, read_pool, read_table, status, versions
 from .tables import (
     CHECKPOINTS,
@@ -23,8 +26,9 @@ from .tables import (
 )
 
 __all__ = [
-    "CHECKPOINTS", "D_ENV", "WEIGHTS", "D_TRAIN", "EVAL_ITEMS", "EVAL_RESULTS", "POOLS", "QUARANTINE", "SCHEMAS", "VALIDATIONS",
+    "CHECKPOINTS", "D_ENV", "WEIGHTS", "WEIGHTS_MANIFEST", "D_TRAIN", "EVAL_ITEMS", "EVAL_RESULTS", "POOLS", "QUARANTINE", "SCHEMAS", "VALIDATIONS",
     "CommitRecord", "IngestConfig", "IngestStats", "Ingestor", "Lake", "LakeError", "TableVersion",
-    "bronze", "check_lake_root", "checkpoint_path", "file_sha256", "ingest", "lag", "quarantine_by_reason", "read_pool", "read_table", "rebuild_to", "record_at", "registry_refusal", "silver",
+    "bronze", "check_lake_root", "checkpoint_path", "file_sha256", "ingest", "lag", "quarantine_by_reason", "read_pool", "read_table", "rebuild_to", "record_at", "registry_refusal", "silver", "weight_files", "weights_digest",
+    "weights_refusal", "write_weights_manifest",
     "status", "versions",
 ]

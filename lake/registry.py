@@ -1,6 +1,12 @@
 """Where checkpoints live in a lake, and which CheckpointPublished events may enter its registry.
 
     <lake>/checkpoints/<kind>/v<version>/model.safetensors (and config, tokenizer, genenv.json)
+    <lake>/checkpoints/<kind>/v<version>/model-0000i-of-0000n.safetensors + weights.sha256   (sharded)
+
+A checkpoint's sha256 (the one its event carries and the registry records) is that of its weights: of
+model.safetensors when the weights are one file; of the manifest `weights.sha256` when they are shards
+(one line per shard, "<sha256>  <file>", as `sha256sum` writes and `sha256sum -c` checks). `weights_refusal`
+checks either against it and names the file that differs.
 
 Invariants:
 - A CheckpointPublished names its checkpoint by the lake-relative path `checkpoints/<kind>/v<version>`,
@@ -20,6 +26,7 @@ from pathlib import Path
 
 CHECKPOINTS_DIR = "checkpoints"
 WEIGHTS = "model.safetensors"
+WEIGHTS_MANIFEST = "weights.sha256"  # the shards' sha256s, in sha256sum's format
 
 
 def checkpoint_path(kind: str, version: int) -> str:
@@ -35,6 +42,53 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a checkpoint folder, by name."""
+    return sorted(Path(folder).glob("*.safetensors"))
+
+
+def write_weights_manifest(folder: Path) -> str:
+    """The checkpoint's sha256: of its one weights file, or of the manifest written here for its shards."""
+    folder = Path(folder)
+    files = weight_files(folder)
+    if [f.name for f in files] == [WEIGHTS]:
+        return file_sha256(folder / WEIGHTS)
+    manifest = folder / WEIGHTS_MANIFEST
+    manifest.write_text("".join(f"{file_sha256(f)}  {f.name}\n" for f in files))
+    return file_sha256(manifest)
+
+
+def weights_digest(folder: Path) -> str:
+    """The sha256 a checkpoint folder's weights were recorded with (see write_weights_manifest)."""
+    manifest = Path(folder) / WEIGHTS_MANIFEST
+    return file_sha256(manifest if manifest.is_file() else Path(folder) / WEIGHTS)
+
+
+def weights_refusal(folder: Path, sha256: str) -> str | None:
+    """Why the weights in `folder` are not the ones `sha256` names (naming the file), or None."""
+    folder = Path(folder)
+    manifest = folder / WEIGHTS_MANIFEST
+    if not manifest.is_file():
+        if not (folder / WEIGHTS).is_file():
+            return f"no {WEIGHTS} (or {WEIGHTS_MANIFEST} for shards) in {folder}"
+        if file_sha256(folder / WEIGHTS) != sha256:
+            return f"{folder / WEIGHTS} does not have the sha256 recorded for it"
+        return None
+    if file_sha256(manifest) != sha256:
+        return f"{manifest} does not have the sha256 recorded for it"
+    listed = {}
+    for line in manifest.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        listed[name] = digest
+    present = {f.name for f in weight_files(folder)}
+    for name in sorted(present ^ set(listed)):
+        return f"{folder / name} is {'not in' if name in present else 'missing, but listed in'} {WEIGHTS_MANIFEST}"
+    for name, digest in sorted(listed.items()):
+        if file_sha256(folder / name) != digest:
+            return f"{folder / name} does not have the sha256 {WEIGHTS_MANIFEST} lists for it"
+    return None
+
+
 def registry_refusal(root: str, model_kind: str, version: int, path: str, sha256: str) -> tuple[str, str] | None:
     """Why a checkpoint event may not be registered in the lake at `root` ((check, reason)), or None."""
     expected = checkpoint_path(model_kind, version)
@@ -42,9 +96,9 @@ def registry_refusal(root: str, model_kind: str, version: int, path: str, sha256
         return "registry_path", f"registry_path: path {path!r:.80} is not the lake-relative {expected}"
     if "://" in root:
         return "registry_files", f"registry_files: checkpoints live under a local lake root, not {root}"
-    weights = Path(root) / expected / WEIGHTS
-    if not weights.is_file():
-        return "registry_files", f"registry_files: the lake holds no {expected}/{WEIGHTS}"
-    if file_sha256(weights) != sha256:
-        return "registry_sha256", f"registry_sha256: {expected}/{WEIGHTS} does not have the sha256 the event names"
+    folder = Path(root) / expected
+    if not (folder / WEIGHTS).is_file() and not (folder / WEIGHTS_MANIFEST).is_file():
+        return "registry_files", f"registry_files: the lake holds no {expected}/{WEIGHTS} (or {WEIGHTS_MANIFEST})"
+    if weights_refusal(folder, sha256):
+        return "registry_sha256", f"registry_sha256: the weights in {expected} do not have the sha256 the event names"
     return None

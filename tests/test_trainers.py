@@ -16,8 +16,8 @@ from engine.coevolution import publish_checkpoint
 from lake import Lake, ingest, read_pool
 from streams import BatchScored, EventProducer, RewardScored, RolloutCompleted, TaskGenerated
 from trainers import (
-    CheckpointError, GRPOConfig, GRPOTrainer, RWRConfig, RWRTrainer, SamplingConfig, TrainError, TransformersBackend,
-    load_checkpoint, load_model, registry, render_prompt, train_update,
+    CheckpointError, GRPOConfig, GRPOTrainer, OptimizerCarry, RWRConfig, RWRTrainer, SamplingConfig, TrainError,
+    TransformersBackend, load_checkpoint, load_model, registry, render_prompt, train_update,
 )
 from trainers.grpo import select_rows as select_rollouts
 from trainers.rwr import select_rows as select_generations
@@ -223,3 +223,23 @@ def test_lora_updates_merge_into_a_plain_checkpoint(pool_lake):
     changed = [name for name, tensor in loaded.model.state_dict().items()
                if not __import__("torch").equal(tensor, base.model.state_dict()[name])]
     assert changed and all("proj" in name for name in changed), changed
+
+
+def test_a_long_running_trainer_continues_one_optimiser_and_a_restarted_one_starts_fresh(pool_lake, broker):
+    """Consecutive updates of one trainer continue its AdamW (step 2 after two one-step updates); a new trainer,
+    or an update from another parent, starts fresh; each checkpoint's lineage says which it was."""
+    config = GRPOConfig(learning_rate=1e-3, per_device_train_batch_size=16, seed=7)  # 16 rows: one step per update
+    carry = OptimizerCarry()
+    first = train_update("agent", pool_lake, config, base_model="tiny", carry=carry)
+    assert {int(s["step"]) for s in carry.state["state"].values()} == {1} and first.metrics["optimizer"] == "fresh"
+    publish_checkpoint(pool_lake, broker.bootstrap, first, run_id="t", epoch=0)
+    publish_epoch(broker.bootstrap, epoch=1, seed=1)
+    ingest(pool_lake, broker.bootstrap, idle_exit_s=1.5)
+    second = train_update("agent", pool_lake, config, carry=carry)
+    assert second.metrics["optimizer"] == "continued from v1"
+    assert {int(s["step"]) for s in carry.state["state"].values()} == {2}, "the second update continued the first's AdamW"
+    lineage = json.loads((Path(pool_lake.root) / second.path / "genenv.json").read_text())
+    assert lineage["metrics"]["optimizer"] == "continued from v1"
+    restarted = OptimizerCarry()
+    third = train_update("agent", pool_lake, config, parent_version=1, carry=restarted)
+    assert third.metrics["optimizer"] == "fresh" and {int(s["step"]) for s in restarted.state["state"].values()} == {1}

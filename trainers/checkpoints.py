@@ -6,8 +6,9 @@
 
 Invariants:
 - A checkpoint folder appears whole or not at all: it is written beside its final name, then renamed.
-- Its sha256 is that of model.safetensors; its event names it by the lake-relative path (lake/registry.py). On CPU the same parent, pool version, config and seed give
-  the same bytes, so the hash identifies the training, not only the file.
+- Its sha256 is that of its weights: model.safetensors, or the manifest of its shards when they exceed
+  SHARD_SIZE (lake/registry.py); its event names it by the lake-relative path. On CPU the same parent, pool
+  version, config and seed give the same bytes, so the hash identifies the training, not only the file.
 - The record of a checkpoint is its row in registry/checkpoints (from its CheckpointPublished event,
   through ingest, which registers one row per (kind, version) and only for files that exist with that
   hash); loading by version looks the row up and refuses a file whose hash differs.
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import polars as pl
 
-from lake import CHECKPOINTS, WEIGHTS, Lake, checkpoint_path, file_sha256, read_table
+from lake import CHECKPOINTS, Lake, checkpoint_path, read_table, weights_refusal, write_weights_manifest
 
 from .models import CPU, LoadedModel, Precision, load_model
 
@@ -71,13 +72,17 @@ def config_hash(config) -> str:
     return hashlib.sha256(json.dumps(asdict(config), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def save_checkpoint(model, tokenizer, target: Path, manifest: dict) -> str:
-    """Write model, tokenizer and lineage to `target` (whole or not at all); return the weights' sha256."""
+SHARD_SIZE = "2GB"  # weights above it are written as shards with a manifest (lake/registry.py)
+
+
+def save_checkpoint(model, tokenizer, target: Path, manifest: dict, max_shard_size: str = SHARD_SIZE) -> str:
+    """Write model (in its dtype), tokenizer and lineage to `target` (whole or not at all); return the weights'
+    sha256 (of the one file, or of the shards' manifest)."""
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial, safe_serialization=True)
+    model.save_pretrained(partial, safe_serialization=True, max_shard_size=max_shard_size)
     tokenizer.save_pretrained(partial)
-    sha = file_sha256(partial / WEIGHTS)
+    sha = write_weights_manifest(partial)
     (partial / MANIFEST).write_text(json.dumps({**manifest, "sha256": sha}, indent=2, sort_keys=True))
     # A folder left by a run that died before publishing is not a checkpoint of record: replace it.
     shutil.rmtree(target, ignore_errors=True)
@@ -138,11 +143,7 @@ def load_published(lake: Lake, kind: str, version: int, sha256: str, precision: 
 
 def load_verified(path: str | Path, sha256: str, what: str = "checkpoint", precision: Precision = CPU) -> LoadedModel:
     """Load a checkpoint folder after checking its weights against `sha256` (as a CheckpointPublished event carries it)."""
-    weights = Path(path) / WEIGHTS
-    if not weights.is_file():
-        raise CheckpointError(f"{what}: {weights} is missing")
-    actual = file_sha256(weights)
-    if actual != sha256:
-        raise CheckpointError(f"{what}: {weights} has sha256 {actual[:12]}..., "
-                              f"the registry records {sha256[:12]}... (corrupt or replaced)")
+    refusal = weights_refusal(Path(path), sha256)
+    if refusal is not None:
+        raise CheckpointError(f"{what}: {refusal} (corrupt or replaced)")
     return load_model(str(path), dtype=precision.torch_dtype, device=precision.torch_device)

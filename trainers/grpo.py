@@ -32,7 +32,7 @@ import torch
 
 from .batching import TokenBatch, completion_logps, pack
 from .distributed import rank_batches
-from .loop import OptimConfig, Progress, optimise, with_lora
+from .loop import OptimConfig, OptimizerCarry, Progress, optimise, with_lora
 from .losses import GRPOLossConfig, group_advantages, grpo_loss
 
 
@@ -140,8 +140,9 @@ class GRPOTrainer:
             batches.append(MicroBatch(tokens, old, advantages[indices], weights, ref))
         return batches
 
-    def train(self, rows: pl.DataFrame, progress: Progress | None = None) -> dict:
-        """One update over `rows` (already selected by `select_rows`); returns its metrics."""
+    def train(self, rows: pl.DataFrame, progress: Progress | None = None, carry: OptimizerCarry | None = None) -> dict:
+        """One update over `rows` (already selected by `select_rows`); returns its metrics. carry: the optimiser
+        state of the trainer's previous update, continued (trainers/loop.py)."""
         torch.manual_seed(self.config.seed)
         batches = self.micro_batches(rows)
 
@@ -153,7 +154,7 @@ class GRPOTrainer:
                              on(mb.ref_logps), on(mb.token_weights))
 
         metrics = optimise(self.model, batches, loss_of, self.config, self.config.num_iterations, progress,
-                           self.accelerator)
+                           self.accelerator, carry)
         rewards = rows["reward"]
         zero_std = rows.group_by("task_id").agg(pl.col("reward").n_unique() == 1)["reward"].mean()
         return {**metrics, "rows": rows.height, "groups": rows["task_id"].n_unique(), "reward_mean": rewards.mean(),

@@ -39,6 +39,16 @@ class OptimConfig:
             raise ValueError(f"lora_r must be >= 1, got {self.lora_r}")
 
 
+@dataclass
+class OptimizerCarry:
+    """The AdamW state a long-running trainer carries from one update to the next, so consecutive updates continue
+    one optimiser. Never saved: a restarted trainer starts a fresh one, and each checkpoint's lineage says which
+    it was (metrics "optimizer")."""
+
+    state: dict | None = None
+    version: int | None = None  # the checkpoint the state led to: only an update from it may continue it
+
+
 def with_lora(model, config: OptimConfig):
     from peft import LoraConfig, get_peft_model
 
@@ -53,16 +63,20 @@ def merged(model):
 
 
 def optimise(model, micro_batches: Sequence[Any], loss_of: Callable[[Any, Any], tuple[torch.Tensor, dict]],
-             config: OptimConfig, passes: int = 1, progress: Progress | None = None, accelerator=None) -> dict:
+             config: OptimConfig, passes: int = 1, progress: Progress | None = None, accelerator=None,
+             carry: OptimizerCarry | None = None) -> dict:
     """`passes` sweeps over the micro-batches, one optimiser step every gradient_accumulation_steps.
 
     loss_of(micro_batch, model) returns the micro-batch's mean loss and its metrics (it must run the model it is
     given: under DDP that is the wrapper whose backward reduces gradients); the result is their mean over every
     micro-batch, with the number of optimiser steps and the last grad norm. accelerator: with several processes
     (trainers/distributed.py), accelerate wraps the model and optimiser and reduces the gradients; every rank
-    must then hold the same number of micro-batches."""
+    must then hold the same number of micro-batches. carry: the optimiser starts from carry.state when it holds
+    one, and leaves its own state there."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimiser = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    if carry is not None and carry.state is not None:
+        optimiser.load_state_dict(carry.state)
     train_model = model
     if accelerator is not None:
         train_model, optimiser = accelerator.prepare(model, optimiser)
@@ -93,4 +107,6 @@ def optimise(model, micro_batches: Sequence[Any], loss_of: Callable[[Any, Any], 
         if progress:
             progress(i + 1, total)
     model.eval()
+    if carry is not None:
+        carry.state = optimiser.state_dict()
     return {**{k: v / max(total, 1) for k, v in sums.items()}, "optimizer_steps": steps, "grad_norm": grad_norm}

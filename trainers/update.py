@@ -22,13 +22,13 @@ import polars as pl
 import torch
 from accelerate.utils import broadcast_object_list
 
-from lake import POOLS, WEIGHTS, Lake, checkpoint_path, file_sha256, read_pool
+from lake import POOLS, Lake, checkpoint_path, read_pool, weights_digest
 
 from . import distributed, grpo, rwr
 from .checkpoints import (
     KINDS, CheckpointRecord, checkpoint_dir, config_hash, latest_version, load_checkpoint, manifest, save_checkpoint,
 )
-from .loop import Progress, merged
+from .loop import OptimizerCarry, Progress, merged
 from .models import CPU, LoadedModel, Precision, load_model
 
 POOL_OF = {"agent": "d_train", "env": "d_env"}
@@ -64,11 +64,14 @@ def warm_start_rows(kind: str, rows: pl.DataFrame) -> pl.DataFrame:
 
 def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None = None, pool_version: int | None = None,
                  parent_version: int | None = None, run_id: str | None = None, warm_start: bool = False,
-                 precision: Precision = Precision(), progress: Progress | None = None) -> CheckpointRecord:
+                 precision: Precision = Precision(), carry: OptimizerCarry | None = None,
+                 progress: Progress | None = None) -> CheckpointRecord:
     """One update (see the module's docstring). warm_start: supervised fine-tuning on the pool's seed rows
     (the version "seed"), with an RWRConfig whose rewards are all equal, instead of GRPO / RWR.
     run_id: train on that run's rows only (the engine's runs share a lake). precision: the device, and the dtype
-    the update computes in and the checkpoint is saved in (recorded in the lineage, so a replay uses it too)."""
+    the update computes in and the checkpoint is saved in (recorded in the lineage, so a replay uses it too).
+    carry: a long-running trainer's optimiser state; the update continues it when it follows the checkpoint the
+    state led to (full fine-tuning only: LoRA adapters start afresh each update), else starts a fresh one."""
     if kind not in KINDS:
         raise TrainError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
     config = config or default_config(kind)
@@ -109,7 +112,12 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
         device = "cpu" if group.device.type == "cpu" else str(group.device)  # each rank on its own device
         precision = Precision(device, precision.dtype)
     loaded = load_checkpoint(lake, kind, parent, base_model, master_weights(precision, config))
-    model, metrics = fit(loaded, selected, dropped, config, base_model, warm_start, progress, precision, group)
+    continued = (carry is not None and carry.state is not None and carry.version == parent and not warm_start
+                 and not getattr(config, "use_peft", False))
+    if carry is not None and not continued:
+        carry.state = None
+    model, metrics = fit(loaded, selected, dropped, config, base_model, warm_start, progress, precision, group, carry)
+    metrics["optimizer"] = f"continued from v{parent}" if continued else "fresh"
     version = max(parent, latest_version(lake, kind)) + 1
     if group is not None:
         version = broadcast_object_list([version])[0]  # rank 0's answer, should the registry move meanwhile
@@ -123,11 +131,13 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
     )
     lineage = {**asdict(record), "config": asdict(config), "precision": asdict(precision)}
     lineage.pop("sha256")
+    if carry is not None:
+        carry.version = version
     if group is None or group.is_main_process:
         record.sha256 = save_checkpoint(model, loaded.tokenizer, target, lineage)
     if group is not None:
         group.wait_for_everyone()  # the other ranks read rank 0's file, never write one
-        record.sha256 = file_sha256(target / WEIGHTS)
+        record.sha256 = weights_digest(target)
     return record
 
 
@@ -151,7 +161,8 @@ def master_weights(precision: Precision, config) -> Precision:
 
 
 def fit(loaded: LoadedModel, selected: pl.DataFrame, dropped: Counter, config, base_model: str, warm_start: bool,
-        progress: Progress | None = None, precision: Precision = CPU, group=None) -> tuple[torch.nn.Module, dict]:
+        progress: Progress | None = None, precision: Precision = CPU, group=None,
+        carry: OptimizerCarry | None = None) -> tuple[torch.nn.Module, dict]:
     """Train the parent model (loaded with fp32 master weights) on the selected rows: (the trained model, LoRA
     merged, in the precision's dtype; its metrics). Forward passes run under autocast when the dtype is not
     fp32 (mixed precision). group: the Accelerator of a multi-process update (trainers/distributed.py). Deterministic
@@ -172,7 +183,7 @@ def fit(loaded: LoadedModel, selected: pl.DataFrame, dropped: Counter, config, b
         trainer = grpo.GRPOTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group)
     else:
         trainer = rwr.RWRTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group)
-    metrics = trainer.train(selected, progress)
+    metrics = trainer.train(selected, progress, carry)
     if group is not None and distributed.left_out(selected.height, config.per_device_train_batch_size, group.num_processes):
         dropped["uneven_tail"] += distributed.left_out(selected.height, config.per_device_train_batch_size, group.num_processes)
     metrics["rows_left_out"] = dict(dropped)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from lake import Lake
 from streams import BatchScored, CheckpointPublished, RewardScored, RolloutCompleted, TaskGenerated
 from trainers import (
-    CheckpointRecord, Precision, SamplingConfig, TransformersBackend, VLLMBackend, load_checkpoint, load_published, render_prompt,
+    CheckpointRecord, OptimizerCarry, Precision, SamplingConfig, TransformersBackend, VLLMBackend, load_checkpoint, load_published, render_prompt,
     sample_seed, train_update,
 )
 from trainers.update import SEED_VERSION
@@ -271,11 +271,15 @@ def checkpoint_event(record: CheckpointRecord, run_id: str, epoch: int) -> Check
 
 class Updater:
     """A pool version -> a checkpoint: GRPO on gold/d_train for the agent, RWR on gold/d_env for the simulator.
-    Reads the pool at one Delta version, writes the checkpoint folder; registering it is the lake's job."""
+    Reads the pool at one Delta version, writes the checkpoint folder; registering it is the lake's job.
 
-    def __init__(self, kind: str, config: RunConfig, run_id: str):
+    keep_optimizer: consecutive updates continue one AdamW (a long-running trainer: the async mode's workers).
+    The sync loop starts each update fresh, so every one of its checkpoints can be replayed from its parent."""
+
+    def __init__(self, kind: str, config: RunConfig, run_id: str, keep_optimizer: bool = False):
         self.kind, self.config, self.run_id = kind, config, run_id
         self.options = config.agent if kind == "agent" else config.env
+        self.carry = OptimizerCarry() if keep_optimizer else None
 
     def update(self, lake: Lake, parent_version: int, *, pool_version: int | None = None, options=None,
                warm_start: bool = False, progress: Tick | None = None) -> CheckpointRecord:
@@ -284,7 +288,7 @@ class Updater:
         base = self.config.agent_model if self.kind == "agent" else self.config.env_model
         return train_update(self.kind, lake, options or self.options, base_model=base, pool_version=pool_version,
                             parent_version=parent_version, run_id=self.run_id, warm_start=warm_start,
-                            precision=self.config.precision, progress=progress)
+                            precision=self.config.precision, carry=self.carry, progress=progress)
 
     def event(self, record: CheckpointRecord, epoch: int) -> CheckpointPublished:
         return checkpoint_event(record, self.run_id, epoch)

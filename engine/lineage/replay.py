@@ -27,9 +27,9 @@ from pathlib import Path
 import polars as pl
 from safetensors.torch import load_file
 
-from lake import CHECKPOINTS, POOLS, CommitRecord, Lake, read_table, rebuild_to, record_at, silver
+from lake import CHECKPOINTS, POOLS, CommitRecord, Lake, read_table, rebuild_to, record_at, silver, weight_files
 from trainers import Precision, load_checkpoint, manifest
-from trainers.checkpoints import WEIGHTS, checkpoint_dir, save_checkpoint
+from trainers.checkpoints import checkpoint_dir, save_checkpoint
 from trainers.update import POOL_OF, ROW_KEY, config_from_manifest, fit, master_weights, new_rows, select_update_rows
 
 from ..coevolution import CurriculumConfig, Phase, Say, no_phase, recorded_run_config, score_groups
@@ -172,6 +172,10 @@ def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[i
     out = ReplayedCheckpoint(kind, c["version"], plan.parent, warm_start, c["pool_version"], version_then, rows.height, c["sha256"])
     recorded_rows = new_rows(lake, pool_name, c["pool_version"], plan.seen).filter(of_run)
     out.first_difference = first_row_difference(recorded_rows, rows, ROW_KEY[pool_name])
+    optimizer = lineage.get("metrics", {}).get("optimizer", "fresh")
+    if out.first_difference is None and optimizer != "fresh":
+        out.first_difference = (f"its optimiser {optimizer} in a long-running trainer's process; that state is not "
+                                "saved, so the update cannot be retrained bit for bit from its parent")
     if out.first_difference is None:
         selected, dropped = select_update_rows(kind, rows, plan.parent, config, warm_start)
         # The precision the update ran in (checkpoints from before it was recorded ran in fp32 on the CPU).
@@ -183,7 +187,7 @@ def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[i
         out.replayed_sha256 = save_checkpoint(model, loaded.tokenizer, folder, {**lineage, "path": str(folder)})
         if out.replayed_sha256 != c["sha256"]:
             out.first_difference = (f"sha256 {out.replayed_sha256[:12]}... != recorded {c['sha256'][:12]}...; "
-                                    + first_tensor_difference(checkpoint_dir(lake, kind, c["version"]) / WEIGHTS, folder / WEIGHTS))
+                                    + first_tensor_difference(checkpoint_dir(lake, kind, c["version"]), folder))
     out.seconds = round(time.perf_counter() - start, 2)
     return out
 
@@ -205,9 +209,11 @@ def first_row_difference(recorded: pl.DataFrame, rebuilt: pl.DataFrame, key: str
 
 
 def first_tensor_difference(recorded: Path, replayed: Path) -> str:
-    if not recorded.is_file():
-        return f"the recorded weights {recorded} are missing"
-    a, b = load_file(str(recorded)), load_file(str(replayed))
+    """The first tensor (by name) in which two checkpoint folders' weights (one file or shards) differ."""
+    if not weight_files(recorded):
+        return f"the recorded weights in {recorded} are missing"
+    a = {k: v for f in weight_files(recorded) for k, v in load_file(str(f)).items()}
+    b = {k: v for f in weight_files(replayed) for k, v in load_file(str(f)).items()}
     if a.keys() != b.keys():
         return f"tensor names differ: {sorted(a.keys() ^ b.keys())[:3]}"
     for name in sorted(a):

@@ -211,7 +211,7 @@ class TrainerWorker(Worker):
         cfg, kind = self.config, self.kind
         if kind == "env" and cfg.mode != "genenv":
             return  # only genenv trains its simulator
-        updater = Updater(kind, cfg, self.run_id)
+        updater = Updater(kind, cfg, self.run_id, keep_optimizer=True)  # one AdamW for the worker's life
         parent = run_version(self.lake, kind, self.run_id)
         validator = None
         if kind == "agent":
@@ -243,7 +243,7 @@ class TrainerWorker(Worker):
             parent = record.version
             updates += 1
             self.say(f"train-{kind}: v{record.version} on {record.metrics['rows']} rows "
-                     f"(left out: {record.metrics['rows_left_out']})")
+                     f"(left out: {record.metrics['rows_left_out']}; optimiser {record.metrics['optimizer']})")
 
 
 WORKERS = {"simulator": SimulatorWorker, "rollout": RolloutWorker, "reward": RewardWorker}

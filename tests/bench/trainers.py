@@ -8,7 +8,12 @@ Prints JSON:
 - grpo_step: seconds of one GRPO update over a micro-batch of 8 rollouts against a plain
   forward + backward + AdamW step of the same tokens with the usual causal-LM loss (target <= 1.2);
 - grpo_peak_rss_mib: peak RSS of a child process that loads the model and runs that GRPO step
-  (target <= 4096).
+  (target <= 4096);
+- plan: `genenv plan`'s estimate of that update (trainers/plan.py: master weights, gradients, AdamW state,
+  activations and logits, plus the child's resident libraries measured before the model loads) beside the
+  measured peak (target: within 25%);
+- data_parallel: seconds of one GRPO update of 16 rows in 2 processes (torchrun, gloo, 8 rows per rank) against
+  1 process (16 rows per micro-batch), the same global batch.
 """
 
 from __future__ import annotations
@@ -101,11 +106,47 @@ def bench_grpo_step(loaded, tokens: int, repeats: int) -> dict:
 
 def grpo_rss_child(model: str, tokens: int, queue) -> None:
     from trainers import GRPOConfig, GRPOTrainer, load_model
+    from trainers.plan import architecture, update_plan
 
+    libraries = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     loaded = load_model(model)
     rows = rollout_rows(loaded, tokens)
-    GRPOTrainer(loaded.model, loaded.tokenizer, GRPOConfig(per_device_train_batch_size=8)).train(rows)
-    queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB on Linux
+    config = GRPOConfig(per_device_train_batch_size=8)
+    GRPOTrainer(loaded.model, loaded.tokenizer, config).train(rows)
+    prompt = max(len(ids) for ids in loaded.tokenizer(rows["prompt"].to_list(), add_special_tokens=False)["input_ids"])
+    completion = max(len(ids) for ids in rows["completion_token_ids"].to_list())
+    estimate = update_plan("agent", architecture(model), config, "fp32", prompt, completion, 1).total + libraries
+    queue.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, estimate / 2**20, libraries / 2**20))
+
+
+def data_parallel_update(model: str, tokens: int, rows_per_device: int) -> None:
+    """One GRPO update of 16 rows, timed, in this process (run under torchrun for several); rank 0 prints seconds."""
+    import torch
+
+    from trainers import GRPOConfig, GRPOTrainer, load_model
+    from trainers.distributed import accelerator
+
+    loaded = load_model(model)
+    rows = rollout_rows(loaded, tokens, rows=16)
+    group = accelerator(cpu=True)
+    trainer = GRPOTrainer(loaded.model, loaded.tokenizer, GRPOConfig(per_device_train_batch_size=rows_per_device,
+                                                                     loss_type="grpo"), accelerator=group)
+    start = time.perf_counter()
+    trainer.train(rows)
+    if group is None or group.is_main_process:
+        print(json.dumps({"seconds": time.perf_counter() - start, "threads": torch.get_num_threads()}), flush=True)
+
+
+def bench_data_parallel(model: str, tokens: int) -> dict:
+    import subprocess
+
+    script = [str(Path(__file__).resolve()), "--model", model, "--tokens", str(tokens), "--update-only"]
+    one = subprocess.run([sys.executable, *script, "16"], capture_output=True, text=True, check=True)
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *script, "8"],
+                         capture_output=True, text=True, check=True)
+    one_s = json.loads(one.stdout.strip().splitlines()[-1])["seconds"]
+    two_s = json.loads(two.stdout.strip().splitlines()[-1])["seconds"]
+    return {"rows": 16, "one_process_s": round(one_s, 2), "two_processes_s": round(two_s, 2), "ratio": round(two_s / one_s, 3)}
 
 
 def main() -> None:
@@ -115,7 +156,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--singles", type=int, default=4, help="prompts generated one at a time for the baseline")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--update-only", type=int, metavar="ROWS_PER_DEVICE", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.update_only:
+        data_parallel_update(args.model, args.tokens, args.update_only)
+        return
 
     import torch
 
@@ -125,7 +170,7 @@ def main() -> None:
     queue = context.Queue()
     child = context.Process(target=grpo_rss_child, args=(args.model, args.tokens, queue))
     child.start()
-    peak_mib = queue.get()
+    peak_mib, estimate_mib, libraries_mib = queue.get()
     child.join()
 
     loaded = load_model(args.model)
@@ -134,6 +179,10 @@ def main() -> None:
         "generation": bench_generation(loaded, args.batch, args.tokens, args.singles),
         "grpo_step": bench_grpo_step(loaded, args.tokens, args.repeats),
         "grpo_peak_rss_mib": round(peak_mib, 1), "target_peak_rss_mib": 4096,
+        "plan": {"estimate_mib": round(estimate_mib, 1), "measured_peak_mib": round(peak_mib, 1),
+                 "libraries_mib": round(libraries_mib, 1), "measured_over_estimate": round(peak_mib / estimate_mib, 3),
+                 "target": "within 0.75-1.25"},
+        "data_parallel": bench_data_parallel(args.model, args.tokens),
     }
     print(json.dumps(result, indent=2))
 
