@@ -81,6 +81,36 @@ def ingest(
     console.print(stats.summary())
 
 
+@lake_app.command("prune")
+def lake_prune(
+    lake: LakeOpt = Path("genenv-lake"),
+    keep_last: Annotated[int, typer.Option(help="Versions of each kind kept, newest first.")] = 3,
+    keep_every: Annotated[int, typer.Option(help="Also keep every K-th version (0: none).")] = 0,
+    apply: Annotated[bool, typer.Option("--apply", help="Delete the folders; without it, only say what would go.")] = False,
+) -> None:
+    """Delete old checkpoint folders: keep the last N, every K-th, and each kept version's parent (a replay
+    retrains from it); registry rows, and so every version's lineage, stay."""
+    from trainers import KINDS
+    from trainers.retention import apply_retention, plan_retention
+
+    _check_positive(keep_last=keep_last)
+    _check_non_negative(keep_every=keep_every)
+    lake_ = Lake(lake, create=False)
+    for kind in KINDS:
+        plan = plan_retention(lake_, kind, keep_last, keep_every)
+        table = Table(title=f"{kind} checkpoints{'' if apply else ' (dry run: --apply deletes)'}")
+        table.add_column("version", justify="right")
+        table.add_column("folder")
+        table.add_column("why")
+        for version, why in plan.keep.items():
+            table.add_row(str(version), "kept", why)
+        for version in plan.delete:
+            table.add_row(str(version), "deleted" if apply else "would be deleted", "older than every reason to keep it")
+        console.print(table)
+        if apply:
+            apply_retention(lake_, plan)
+
+
 @lake_app.command("status")
 def lake_status(lake: LakeOpt = Path("genenv-lake")) -> None:
     """Each table with its version and row count, and the quarantine by reason."""

@@ -57,3 +57,37 @@ def test_a_small_model_stays_one_file_whose_sha256_is_the_checkpoints(tmp_path):
     sha = save_checkpoint(loaded.model, loaded.tokenizer, tmp_path / "v1", {"version": 1})
     assert [f.name for f in weight_files(tmp_path / "v1")] == [WEIGHTS] and sha == file_sha256(tmp_path / "v1" / WEIGHTS)
     assert not (tmp_path / "v1" / WEIGHTS_MANIFEST).exists()
+
+
+def test_pruning_keeps_the_last_versions_and_their_parents_says_why_and_keeps_every_registry_row(quick_run, tmp_path):
+    import shutil
+
+    from lake import CHECKPOINTS, Lake, read_table
+    from trainers import load_checkpoint, registry
+
+    from conftest import genenv_cli
+
+    source, _ = quick_run
+    copy = tmp_path / "lake"
+    shutil.copytree(source.root, copy)
+    lake = Lake(copy, create=False)
+    rows_before = read_table(lake, CHECKPOINTS).height
+    dry = genenv_cli("lake", "prune", "--lake", str(copy), "--keep-last", "1", timeout=120)
+    assert dry.returncode == 0 and "dry run" in dry.stdout, dry.stderr
+    assert all((copy / "checkpoints" / k).iterdir() for k in ("agent", "env"))
+    applied = genenv_cli("lake", "prune", "--lake", str(copy), "--keep-last", "1", "--apply", timeout=120)
+    assert applied.returncode == 0, applied.stderr
+    pruned = []
+    for kind in ("agent", "env"):
+        rows = registry(lake, kind)
+        last = rows["version"].max()
+        parent = dict(zip(rows["version"], rows["parent_version"]))[last]
+        kept = {int(p.name[1:]) for p in (copy / "checkpoints" / kind).iterdir()}
+        assert kept == {last} | ({parent} if parent else set())
+        assert "parent of v" in applied.stdout if parent else True
+        pruned += [(kind, v) for v in rows["version"] if v not in kept]
+    assert pruned, "the quick run has versions older than the last one and its parent"
+    assert read_table(lake, CHECKPOINTS).height == rows_before  # lineage stays answerable
+    kind, version = pruned[0]
+    with pytest.raises(CheckpointError, match="is not in the lake"):
+        load_checkpoint(lake, kind, version)

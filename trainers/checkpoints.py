@@ -143,6 +143,9 @@ def load_published(lake: Lake, kind: str, version: int, sha256: str, precision: 
 
 def load_verified(path: str | Path, sha256: str, what: str = "checkpoint", precision: Precision = CPU) -> LoadedModel:
     """Load a checkpoint folder after checking its weights against `sha256` (as a CheckpointPublished event carries it)."""
+    if not Path(path).is_dir():
+        raise CheckpointError(f"{what}: {path} is not in the lake (deleted by `genenv lake prune`, or the lake was "
+                              "copied without its checkpoints/); its lineage stays in the registry")
     refusal = weights_refusal(Path(path), sha256)
     if refusal is not None:
         raise CheckpointError(f"{what}: {refusal} (corrupt or replaced)")
