@@ -20,7 +20,6 @@ from dataclasses import asdict
 
 import polars as pl
 import torch
-from accelerate.utils import broadcast_object_list
 
 from lake import POOLS, Lake, checkpoint_path, read_pool, weights_digest
 
@@ -120,6 +119,8 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
     metrics["optimizer"] = f"continued from v{parent}" if continued else "fresh"
     version = max(parent, latest_version(lake, kind)) + 1
     if group is not None:
+        from accelerate.utils import broadcast_object_list
+
         version = broadcast_object_list([version])[0]  # rank 0's answer, should the registry move meanwhile
         metrics["processes"] = group.num_processes
     target = checkpoint_dir(lake, kind, version)
@@ -184,8 +185,9 @@ def fit(loaded: LoadedModel, selected: pl.DataFrame, dropped: Counter, config, b
     else:
         trainer = rwr.RWRTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group)
     metrics = trainer.train(selected, progress, carry)
-    if group is not None and distributed.left_out(selected.height, config.per_device_train_batch_size, group.num_processes):
-        dropped["uneven_tail"] += distributed.left_out(selected.height, config.per_device_train_batch_size, group.num_processes)
+    tail = distributed.left_out(selected.height, config.per_device_train_batch_size, group.num_processes) if group else 0
+    if tail:
+        dropped["uneven_tail"] += tail
     metrics["rows_left_out"] = dict(dropped)
     metrics["warm_start"] = warm_start
     return merged(trainer.model).to(dtype), _plain(metrics)

@@ -173,9 +173,13 @@ def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[i
     recorded_rows = new_rows(lake, pool_name, c["pool_version"], plan.seen).filter(of_run)
     out.first_difference = first_row_difference(recorded_rows, rows, ROW_KEY[pool_name])
     optimizer = lineage.get("metrics", {}).get("optimizer", "fresh")
+    processes = lineage.get("metrics", {}).get("processes", 1)
     if out.first_difference is None and optimizer != "fresh":
         out.first_difference = (f"its optimiser {optimizer} in a long-running trainer's process; that state is not "
                                 "saved, so the update cannot be retrained bit for bit from its parent")
+    elif out.first_difference is None and processes > 1:
+        out.first_difference = (f"it was trained in {processes} processes (gradients reduced across ranks); a replay "
+                                "retrains in one, which agrees to float precision, not bit for bit")
     if out.first_difference is None:
         selected, dropped = select_update_rows(kind, rows, plan.parent, config, warm_start)
         # The precision the update ran in (checkpoints from before it was recorded ran in fp32 on the CPU).
