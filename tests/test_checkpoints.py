@@ -3,12 +3,16 @@ which loading and the registry check file by file."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from lake import WEIGHTS, WEIGHTS_MANIFEST, checkpoint_path, registry_refusal, weight_files
 from trainers import CheckpointError, load_model, load_verified
 from trainers.checkpoints import save_checkpoint
+
+from test_trainers import pool_lake, publish_epoch  # noqa: F401,F811 (pool_lake is a fixture, used by name)
 
 
 @pytest.fixture
@@ -59,35 +63,34 @@ def test_a_small_model_stays_one_file_whose_sha256_is_the_checkpoints(tmp_path):
     assert not (tmp_path / "v1" / WEIGHTS_MANIFEST).exists()
 
 
-def test_pruning_keeps_the_last_versions_and_their_parents_says_why_and_keeps_every_registry_row(quick_run, tmp_path):
-    import shutil
-
-    from lake import CHECKPOINTS, Lake, read_table
-    from trainers import load_checkpoint, registry
+def test_pruning_keeps_the_last_versions_and_their_parents_says_why_and_keeps_every_registry_row(pool_lake, broker):
+    """A chain v1 <- v2 <- v3: --keep-last 1 keeps v3 and its parent v2 (a replay of v3 retrains from it), deletes
+    v1's folder only, and every registry row stays."""
+    from lake import CHECKPOINTS, ingest, read_table
+    from trainers import GRPOConfig, load_checkpoint, train_update
 
     from conftest import genenv_cli
+    from engine.coevolution import publish_checkpoint
 
-    source, _ = quick_run
-    copy = tmp_path / "lake"
-    shutil.copytree(source.root, copy)
-    lake = Lake(copy, create=False)
-    rows_before = read_table(lake, CHECKPOINTS).height
-    dry = genenv_cli("lake", "prune", "--lake", str(copy), "--keep-last", "1", timeout=120)
-    assert dry.returncode == 0 and "dry run" in dry.stdout, dry.stderr
-    assert all((copy / "checkpoints" / k).iterdir() for k in ("agent", "env"))
-    applied = genenv_cli("lake", "prune", "--lake", str(copy), "--keep-last", "1", "--apply", timeout=120)
+    # The toy epochs' rollouts all say agent version 0: stale for v2's update, which may take them.
+    config = GRPOConfig(learning_rate=1e-3, per_device_train_batch_size=16, seed=7, max_staleness=5)
+    for epoch in range(3):
+        if epoch:
+            publish_epoch(broker.bootstrap, epoch=epoch, seed=epoch)
+            ingest(pool_lake, broker.bootstrap, idle_exit_s=1.5)
+        record = train_update("agent", pool_lake, config, base_model="tiny")
+        publish_checkpoint(pool_lake, broker.bootstrap, record, run_id="t", epoch=epoch)
+    folders = Path(pool_lake.root) / "checkpoints" / "agent"
+    assert sorted(p.name for p in folders.iterdir()) == ["v1", "v2", "v3"]
+
+    dry = genenv_cli("lake", "prune", "--lake", pool_lake.root, "--keep-last", "1", timeout=120)
+    assert dry.returncode == 0 and "dry run" in dry.stdout and "would be deleted" in dry.stdout, dry.stderr
+    assert sorted(p.name for p in folders.iterdir()) == ["v1", "v2", "v3"]
+    applied = genenv_cli("lake", "prune", "--lake", pool_lake.root, "--keep-last", "1", "--apply", timeout=120)
     assert applied.returncode == 0, applied.stderr
-    pruned = []
-    for kind in ("agent", "env"):
-        rows = registry(lake, kind)
-        last = rows["version"].max()
-        parent = dict(zip(rows["version"], rows["parent_version"]))[last]
-        kept = {int(p.name[1:]) for p in (copy / "checkpoints" / kind).iterdir()}
-        assert kept == {last} | ({parent} if parent else set())
-        assert "parent of v" in applied.stdout if parent else True
-        pruned += [(kind, v) for v in rows["version"] if v not in kept]
-    assert pruned, "the quick run has versions older than the last one and its parent"
-    assert read_table(lake, CHECKPOINTS).height == rows_before  # lineage stays answerable
-    kind, version = pruned[0]
+    assert sorted(p.name for p in folders.iterdir()) == ["v2", "v3"]
+    assert "one of the last 1" in applied.stdout and "parent of v3" in applied.stdout
+    assert read_table(pool_lake, CHECKPOINTS).height == 3  # every version's lineage stays answerable
     with pytest.raises(CheckpointError, match="is not in the lake"):
-        load_checkpoint(lake, kind, version)
+        load_checkpoint(pool_lake, "agent", 1)
+    load_checkpoint(pool_lake, "agent", 2)  # the kept parent still loads
