@@ -109,6 +109,7 @@ class Plan:
     devices: int
     memory_per_device: int  # bytes
     generation: dict[str, int]  # role -> bytes its generation copy (or vLLM reservation) holds per device
+    vllm: bool  # generation is vLLM engines' reservations, not transformers copies
     updates: list[UpdatePlan] = field(default_factory=list)
 
     @property
@@ -128,8 +129,8 @@ class Plan:
 
     def rows(self) -> list[tuple[str, str, float]]:
         """(role, what, GiB per device) for a table."""
-        out = [(role.removesuffix(" vllm"), "vLLM reservation" if role.endswith(" vllm") else "generation", b / GIB)
-               for role, b in self.generation.items()]
+        what = "vLLM reservation" if self.vllm else "generation"
+        out = [(role, what, b / GIB) for role, b in self.generation.items()]
         for u in self.updates:
             for what in ("master", "gradients", "optimizer", "reference", "activations"):
                 out.append((f"train {u.role}", what, getattr(u, what) / GIB))
@@ -177,13 +178,13 @@ def plan_run(config, devices: int = 1, memory_gib: float | None = None, sharded:
     generation = {}
     for role, (model, _, _) in roles.items():
         if config.backend == "vllm":
-            generation[f"{role} vllm"] = int(config.gpu_memory_utilization * memory)
+            generation[role] = int(config.gpu_memory_utilization * memory)
         else:
             generation[role] = architecture(model).parameters * BYTES[dtype]
     trained = [role for role in roles if role == "agent" or config.mode == "genenv"]
     updates = [update_plan(role, architecture(roles[role][0]), roles[role][1], dtype, PROMPT_TOKENS, roles[role][2],
                            devices if sharded else 1) for role in trained]
-    return Plan(device, dtype, devices, memory, generation, updates)
+    return Plan(device, dtype, devices, memory, generation, config.backend == "vllm", updates)
 
 
 def _device_memory(device: str) -> int:
