@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lake import IngestConfig, Lake, LakeError, check_lake_root, quarantine_by_reason, status, versions
+from lake import IngestConfig, Lake, LakeError, LeaseHeld, check_lake_root, quarantine_by_reason, status, versions
 from lake import ingest as run_ingest
 from streams import (
     BOOTSTRAP_ENV, BrokerError, LocalBroker, configured_bootstrap, ensure_topics, kafka_bootstrap, require_broker,
@@ -64,11 +64,14 @@ def ingest(
     max_batch_ms: Annotated[int, typer.Option(help="Milliseconds a micro-batch stays open at most.")] = 1_000,
     max_wait: Annotated[float, typer.Option(help="Seconds a rollout/reward waits for its task before quarantine.")] = 30.0,
     partitions: Annotated[int, typer.Option(help="Partitions per topic when topics are created.")] = 3,
+    lease_ttl: Annotated[float, typer.Option(help="Seconds after which a dead ingestor's lease on the lake lapses (it renews every third of that).")] = 30.0,
 ) -> None:
-    """Consume the genenv topics into the lake exactly once: bronze, validated silver, quarantine, gold pools."""
+    """Consume the genenv topics into the lake exactly once: bronze, validated silver, quarantine, gold pools.
+    One ingestor per lake: a second one stops at start, naming the one that holds the lake's lease."""
     config = IngestConfig(max_batch_records=max_batch_records, max_batch_ms=max_batch_ms, max_wait_s=max_wait,
-                          partitions=partitions)
-    _check_positive(max_batch_records=max_batch_records, max_batch_ms=max_batch_ms, partitions=partitions)
+                          partitions=partitions, lease_ttl_s=lease_ttl)
+    _check_positive(max_batch_records=max_batch_records, max_batch_ms=max_batch_ms, partitions=partitions,
+                    lease_ttl=lease_ttl)
     _check_non_negative(max_wait=max_wait, idle_exit=idle_exit)
     check_lake_root(lake)
     with kafka_bootstrap(bootstrap) as servers, console.status("ingesting") as spinner:
@@ -155,17 +158,24 @@ def run(
     set_: Annotated[list[str], typer.Option("--set", help="Any option as name=value or section.name=value (sections: curriculum, agent, env); repeatable.")] = [],
     report: Annotated[Optional[Path], typer.Option(help="Report folder (default: <lake>/reports/<run id>).")] = None,
     streaming: Annotated[bool, typer.Option("--async", help="Async mode: one worker process per role instead of the sync loop.")] = False,
+    resume: Annotated[Optional[str], typer.Option("--resume", help="Continue this async run from what its lake holds, with its recorded config (a lost broker's events are sent again from the lake).")] = None,
 ) -> None:
     """The main job: co-evolve the agent and the simulator, everything through Kafka and the lake, then write a report.
 
     Every option of a run (curriculum alpha/beta/k/granularity, GRPO and RWR options with TRL's names, sizes, models, warm start) is listed with its value by `genenv config --profile P`; put any of them in a TOML file for --config, or override one with --set name=value (section.name=value for curriculum, agent, env)."""
-    from engine.coevolution import CoEvolution, LakeWriter, check_machine, check_plan, load_config
+    from engine.coevolution import CoEvolution, LakeWriter, check_machine, check_plan, load_config, recorded_run_config
     from engine.lineage import metrics_from_lake, write_report
 
     flags = [f"{name}={value}" for name, value in (("domain", domain), ("mode", mode), ("epochs", epochs), ("seed", seed))
              if value is not None]
+    if resume is not None:
+        if not streaming:
+            raise UserError("--resume continues async runs (add --async); a sync run cannot be resumed yet")
+        if config is not None or flags or set_:
+            raise UserError("--resume continues a run with its recorded config: drop --config, --set and the option flags")
     try:
-        cfg = load_config(profile, config, flags + list(set_))
+        cfg = (load_config(profile, config, flags + list(set_)) if resume is None
+               else recorded_run_config(str(Lake(lake, create=False).root), resume))
         check_machine(cfg)  # the device, and vLLM where it is asked for: before the broker, the lake or a model
         check_plan(cfg)
     except ValueError as exc:
@@ -176,9 +186,13 @@ def run(
         console.print(f"{'async' if streaming else 'sync'} run: {cfg.domain}, {cfg.mode}, agent {cfg.agent_model}, "
                       f"simulator {cfg.env_model}, {cfg.epochs} epochs, lake {lake_.root}")
         if streaming:
-            from engine.workers import run_async
+            from engine.workers import RunInterrupted, run_async
 
-            engine = run_async(cfg, lake_, servers, say=console.print, phase=phase)
+            try:
+                engine = run_async(cfg, lake_, servers, say=console.print, phase=phase, resume=resume is not None)
+            except RunInterrupted as exc:
+                err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+                raise typer.Exit(1) from None
             metrics = metrics_from_lake(lake_, engine.run_id)
         else:
             with LakeWriter(lake_, servers) as writer:
@@ -218,9 +232,10 @@ def plan(
     set_: Annotated[list[str], typer.Option("--set", help="An option as name=value; repeatable.")] = [],
     gpus: Annotated[int, typer.Option(help="Devices the trainer runs on.")] = 1,
     gpu_memory: Annotated[Optional[float], typer.Option(help="GiB per device (default: this machine's GPU, or its RAM).")] = None,
-    fsdp: Annotated[bool, typer.Option(help="Shard weights, gradients and optimiser state over the devices (FSDP) instead of DDP.")] = False,
 ) -> None:
-    """The memory a run needs per device, by role and kind, and whether it fits: before anything is loaded."""
+    """The memory a run needs per device, by role and kind, and whether it fits: before anything is loaded.
+    A role trained with FSDP (--set agent.fsdp=full_shard) has its weights, gradients and optimiser state
+    divided over the --gpus devices; otherwise each device holds them whole (DDP)."""
     from engine.coevolution import load_config
     from trainers.plan import GIB, plan_run
 
@@ -229,11 +244,11 @@ def plan(
         cfg = load_config(profile, config, list(set_))
         # GPUs when this machine has one or --gpu-memory describes them, else this machine's CPU and RAM.
         device = "cuda" if gpu_memory is not None or cfg.device.startswith("cuda") or _has_cuda() else "cpu"
-        the_plan = plan_run(cfg, gpus, gpu_memory, sharded=fsdp, device=device)
+        the_plan = plan_run(cfg, gpus, gpu_memory, device=device)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     table = Table(title=f"memory plan: {profile}, {cfg.agent_model} / {cfg.env_model}, {the_plan.dtype}, "
-                        f"{gpus} x {device}{' FSDP' if fsdp else ''}")
+                        f"{gpus} x {device}{' FSDP' if cfg.agent.fsdp or cfg.env.fsdp else ''}")
     for column, justify in (("role", "left"), ("what", "left"), ("GiB per device", "right")):
         table.add_column(column, justify=justify)
     for role, what, gib in the_plan.rows():
@@ -327,14 +342,18 @@ def train(
     from engine.coevolution import publish_checkpoint
     from engine.coevolution.overrides import OverrideError, apply_overrides
     from trainers import KINDS, POOL_OF, CheckpointError, ModelNotFound, TrainError, default_config, latest_version, train_update
-    from trainers.distributed import world_size
+    from trainers.distributed import check_sharding, world_size
+    from trainers.models import Precision
 
     if kind not in KINDS:
         raise UserError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
     _check_positive(num_processes=num_processes)
     try:
         config = apply_overrides(default_config(kind), set_)
-    except OverrideError as exc:
+        config.check()
+        if num_processes > 1:
+            check_sharding(config.fsdp, Precision().resolved().device)
+    except (OverrideError, ValueError) as exc:
         raise UserError(str(exc)) from None
     lake_ = Lake(lake, create=False)
     if configured_bootstrap(bootstrap):
@@ -496,7 +515,8 @@ def audit_checkpoint(kind: Annotated[str, typer.Argument(help="agent or env.")],
 @audit_app.command("epoch")
 def audit_epoch(epoch: Annotated[int, typer.Argument(help="Epoch number (0 includes the warm start).")],
                 lake: LakeOpt = Path("genenv-lake"), run: RunOpt = None, as_json: JsonOpt = False) -> None:
-    """One epoch of a run: tasks, valid share, quarantine by reason, agent success, share in band, checkpoints."""
+    """One epoch of a run: tasks, valid share, quarantine by reason, agent success, share in band, checkpoints,
+    and the workers the supervisor restarted."""
     from engine.lineage import audit_epoch as audit
 
     answer = _audited(audit, Lake(lake, create=False), epoch, run)
@@ -609,7 +629,7 @@ def main() -> None:
 
     try:
         app()
-    except (UserError, LakeError, BrokerError) as exc:
+    except (UserError, LakeError, LeaseHeld, BrokerError) as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(2)
     except (KafkaError, DeltaError) as exc:  # the broker or the storage failed mid-command

@@ -2,6 +2,7 @@
 and the checkpoint registry's rules."""
 
 from .ingest import CommitRecord, IngestConfig, Ingestor, IngestStats, ingest, lag
+from .lease import LeaseHeld
 from .rebuild import rebuild_to, record_at
 from .registry import (
     WEIGHTS, WEIGHTS_MANIFEST, checkpoint_path, file_sha256, registry_refusal, weight_files, weights_digest,
@@ -27,7 +28,7 @@ from .tables import (
 
 __all__ = [
     "CHECKPOINTS", "D_ENV", "WEIGHTS", "WEIGHTS_MANIFEST", "D_TRAIN", "EVAL_ITEMS", "EVAL_RESULTS", "POOLS", "QUARANTINE", "SCHEMAS", "VALIDATIONS",
-    "CommitRecord", "IngestConfig", "IngestStats", "Ingestor", "Lake", "LakeError", "TableVersion",
+    "CommitRecord", "IngestConfig", "IngestStats", "Ingestor", "Lake", "LakeError", "LeaseHeld", "TableVersion",
     "bronze", "check_lake_root", "checkpoint_path", "file_sha256", "ingest", "lag", "quarantine_by_reason", "read_pool", "read_table", "rebuild_to", "record_at", "registry_refusal", "silver", "weight_files", "weights_digest",
     "weights_refusal", "write_weights_manifest",
     "status", "versions",

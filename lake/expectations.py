@@ -43,13 +43,15 @@ RANGES: dict[str, list[tuple[str, float | None, float | None]]] = {
         ("n_tasks", 0, None), ("n_rollouts", 0, None), ("n_success", 0, None),
     ],
     "checkpoint": [("epoch", 0, None), ("version", 0, None)],
+    "restart": [("epoch", 0, None), ("restart", 1, None)],
 }
 VALUE_SETS: dict[str, list[tuple[str, list]]] = {
     "batch": [("granularity", ["batch", "task"])],
     "checkpoint": [("model_kind", ["agent", "env"])],
+    "restart": [("role", ["simulator", "rollout", "reward", "train-agent", "train-env", "ingest"])],
 }
 REFERS_TO_TASK = {"rollout", "reward"}
-ID_COLUMNS = {"event_id", "run_id", "task_id", "batch_id", "rollout_id", "producer", "domain"}
+ID_COLUMNS = {"event_id", "run_id", "task_id", "batch_id", "rollout_id", "producer", "domain", "worker"}
 
 
 _DTYPES = {int: "int64", float: "float64", bool: "bool", str: object}

@@ -46,6 +46,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from streams.events import EVENT_TYPES, content_digest, field_types
 from streams.kafka import ALL_TOPICS, assigned_consumer, cluster_id, ensure_topics, partitions_of
 
+from .lease import LEASES, TTL_S, Lease
 from .refine import RawRecord, Refiner, RefineOutput, RefineState, Watermark, bronze_record, refined
 from .tables import BRONZE_SCHEMA, DERIVED_TABLES, SCHEMAS, VALIDATIONS, Lake, LakeError, bronze, silver
 
@@ -67,6 +68,7 @@ class IngestConfig:
     max_pending: int = 100_000  # how many rows may wait for their task at once
     partitions: int = 3  # partitions per topic when the ingestor creates the topics
     topics: tuple[str, ...] = ALL_TOPICS
+    lease_ttl_s: float = TTL_S  # a dead ingestor's lease on the lake lapses after this long (lake/lease.py)
 
 
 @dataclass
@@ -151,9 +153,14 @@ class Ingestor:
         self._runner = runner
         self.refiner: Refiner | None = None
         self.record: CommitRecord | None = None
+        self.lease: Lease | None = None
 
     # -- start ----------------------------------------------------------------------------------
     def start(self) -> "Ingestor":
+        """Take the lake's ingest lease (LeaseHeld, before anything is written, when another ingestor holds it),
+        recover, and position the consumer after what bronze holds."""
+        self.lease = Lease(self.lake.uri(LEASES), ttl_s=self.config.lease_ttl_s)
+        self.lease.take()
         ensure_topics(self.bootstrap, self.config.partitions, self.config.topics)
         self.recover()
         self.cluster = cluster_id(self.bootstrap)
@@ -233,12 +240,15 @@ class Ingestor:
                     on_step(self.stats)
                 continue
             self._release_expired()
+            self.lease.renew_if_due()
             idle = time.monotonic() - last_data
             if idle_exit_s is not None and idle >= idle_exit_s and not self.refiner.state.pending:
                 break
         return self.stats
 
     def step(self, batch: list[RawRecord]) -> None:
+        if self.lease is not None:
+            self.lease.renew_if_due()  # LeaseHeld if another ingestor took the lake meanwhile: write nothing
         with self.stats.timed("bronze"):
             self.write_bronze(batch)
         self._refine_and_commit(batch)
@@ -311,6 +321,9 @@ class Ingestor:
         if self.consumer is not None:
             self.consumer.close()
             self.consumer = None
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
 
 def lag(lake: Lake, bootstrap: str, topics: tuple[str, ...] = ALL_TOPICS, timeout_ms: int = 1000) -> int:

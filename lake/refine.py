@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 # The last offset refined, per topic, Kafka cluster and partition.
 Watermark = dict[str, dict[str, dict[int, int]]]
 
-KIND_ORDER = ("task", "rollout", "reward", "batch", "checkpoint")  # tasks first: they make references known
+KIND_ORDER = ("task", *(k for k in EVENT_TYPES if k != "task"))  # tasks first: they make references known; every kind
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ the start and readers never meet a missing table.
 
 from __future__ import annotations
 
+import contextlib
+
 import types
 import typing
 from pathlib import Path
@@ -23,6 +25,8 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from streams.events import EVENT_TYPES, TOPICS, field_types
+
+from .lease import LEASES, LEASES_SCHEMA
 
 # Where a record came from. Offsets are only meaningful within one Kafka cluster (a fresh local
 # broker starts every log at 0 again), so the cluster id is part of every record's coordinates.
@@ -195,6 +199,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     VALIDATIONS: VALIDATIONS_SCHEMA,
     EVAL_RESULTS: EVAL_RESULTS_SCHEMA,
     EVAL_ITEMS: EVAL_ITEMS_SCHEMA,
+    LEASES: LEASES_SCHEMA,
 }
 
 # Tables the refine step writes, in the order it writes them. VALIDATIONS is last:
@@ -235,6 +240,9 @@ class Lake:
             self.root = str(path.resolve())
         if create:
             self.ensure()
+        else:
+            with contextlib.suppress(LakeError):  # a lake from an older genenv gains the tables added since;
+                self.ensure()                     # one this process may not write is read as it is
 
     def uri(self, table: str) -> str:
         return f"{self.root}/{table}"

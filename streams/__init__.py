@@ -13,16 +13,18 @@ from .events import (
     RewardScored,
     RolloutCompleted,
     TaskGenerated,
+    WorkerRestarted,
     content_digest,
     decode,
     event_class,
     payload_of,
 )
-from .kafka import ALL_TOPICS, DEFAULT_PARTITIONS, EventProducer, assigned_consumer, cluster_id, ensure_topics
+from .kafka import ALL_TOPICS, DEFAULT_PARTITIONS, EventProducer, assigned_consumer, cluster_id, ensure_topics, group_consumer
+from .offsets import HeldOffsets
 
 __all__ = [
     "ALL_TOPICS", "BOOTSTRAP_ENV", "DEFAULT_PARTITIONS", "EVENT_TYPES", "KIND_OF_TOPIC", "SCHEMA_VERSION", "TOPICS",
-    "BatchScored", "BrokerError", "CheckpointPublished", "Event", "EventDecodeError", "EventProducer", "LocalBroker",
-    "RewardScored", "RolloutCompleted", "TaskGenerated", "assigned_consumer", "cluster_id", "configured_bootstrap", "content_digest",
-    "decode", "ensure_topics", "event_class", "kafka_bootstrap", "payload_of", "require_broker",
+    "BatchScored", "BrokerError", "CheckpointPublished", "Event", "EventDecodeError", "EventProducer", "HeldOffsets", "LocalBroker",
+    "RewardScored", "RolloutCompleted", "TaskGenerated", "WorkerRestarted", "assigned_consumer", "cluster_id", "configured_bootstrap", "content_digest",
+    "decode", "ensure_topics", "event_class", "group_consumer", "kafka_bootstrap", "payload_of", "require_broker",
 ]

@@ -168,8 +168,28 @@ class CheckpointPublished(Event):
         return self.model_kind
 
 
+@dataclass(frozen=True, kw_only=True)
+class WorkerRestarted(Event):
+    """A supervisor restarted a worker that died: the record `genenv audit epoch` shows (epoch: the newest round
+    the run's simulator had written)."""
+
+    KIND: ClassVar[str] = "restart"
+    TOPIC: ClassVar[str] = "genenv.workers"
+    IDENTITY: ClassVar[tuple[str, ...]] = ("worker", "restart")
+
+    worker: str
+    role: str
+    exit_code: int
+    restart: int  # 1 for the worker's first restart
+
+    @property
+    def key(self) -> str:
+        return self.worker
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.KIND: cls for cls in (TaskGenerated, RolloutCompleted, RewardScored, BatchScored, CheckpointPublished)
+    cls.KIND: cls for cls in (TaskGenerated, RolloutCompleted, RewardScored, BatchScored, CheckpointPublished,
+                              WorkerRestarted)
 }
 TOPICS: dict[str, str] = {kind: cls.TOPIC for kind, cls in EVENT_TYPES.items()}
 KIND_OF_TOPIC: dict[str, str] = {topic: kind for kind, topic in TOPICS.items()}
@@ -182,7 +202,7 @@ KIND_OF_TOPIC: dict[str, str] = {topic: kind for kind, topic in TOPICS.items()}
 MAX_EVENT_BYTES = 1 << 20  # Kafka's default message.max.bytes: a default cluster refuses larger values anyway
 MAX_OPEN_BRACKETS = 8  # outside strings; an event is one object whose lists hold scalars (3 brackets at most)
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-ID_FIELDS = frozenset({"event_id", "run_id", "task_id", "batch_id", "rollout_id", "model_kind"})
+ID_FIELDS = frozenset({"event_id", "run_id", "task_id", "batch_id", "rollout_id", "model_kind", "worker"})
 _STRING_LITERALS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 

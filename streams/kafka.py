@@ -1,8 +1,9 @@
-"""Kafka plumbing: topic creation, an idempotent event producer, manually assigned consumers.
+"""Kafka plumbing: topic creation, an idempotent event producer, assigned and group consumers.
 
-Manual partition assignment is the default everywhere: the lake, not Kafka's
-committed offsets, is the source of truth for progress, and it avoids group
-rebalances (Tansu holds a group join for about half the session timeout).
+The ingestor assigns itself every partition: the lake, not Kafka's committed
+offsets, is the source of truth for what has landed (lake/ingest.py). Workers
+are group members (`group_consumer`): N workers of a role share the partitions
+of its topics, and each resumes from what its group committed.
 
 Every client takes its security settings from the environment (`security()`), so
 a deployment whose cluster requires SASL or TLS (docs/EVENTS.md, "Trust") sets
@@ -16,6 +17,8 @@ import os
 from collections.abc import Iterable
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
@@ -125,4 +128,31 @@ def assigned_consumer(
     partitions = [tp for topic in topics for tp in partitions_of(consumer, topic)]
     consumer.assign(partitions)
     consumer.seek_to_beginning(*partitions)
+    return consumer
+
+
+def group_consumer(bootstrap: str, topics: Iterable[str], group_id: str, client_id: str = "genenv",
+                   co_partitioned: bool = False, max_poll_records: int = 500, listener=None) -> KafkaConsumer:
+    """A member of consumer group `group_id` subscribed to `topics`, starting from the group's committed offsets
+    (a new group: from the beginning). Offsets are committed by the caller, after its work is published.
+    listener: a kafka ConsumerRebalanceListener (told before partitions are taken away and after new ones come).
+
+    co_partitioned: the member needs every event of a key from all of `topics` (the reward worker: a task and its
+    rollouts, both keyed by task id, land in the same partition number of each topic). Range assignment keeps
+    that, at the price of an eager rebalance (every member rejoins); otherwise the assignment is
+    cooperative-sticky, so a member joining or leaving moves only the partitions that must move."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=max_poll_records,
+        session_timeout_ms=10_000,
+        heartbeat_interval_ms=1_000,
+        max_poll_interval_ms=30 * 60_000,  # a rollout batch on a CPU takes minutes; a member is not dead for that
+        partition_assignment_strategy=[RangePartitionAssignor if co_partitioned else CooperativeStickyAssignor],
+        **security(),
+    )
+    consumer.subscribe(list(topics), listener=listener)
     return consumer

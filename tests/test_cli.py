@@ -55,6 +55,11 @@ BAD_INVOCATIONS = {  # name: (arguments, what the one line says); LAKE is a path
                           "backend = vllm cannot run here: CUDA is not available"),
     "cuda_device_without_cuda": (["run", "--profile", "quick", "--lake", "LAKE", "--set", "device=cuda"],
                                  "device cuda: CUDA is not available"),
+    "fsdp_on_cpu": (["train", "agent", "--lake", "LAKE", "--num-processes", "2", "--set", "fsdp=full_shard"],
+                    "fsdp='full_shard' shards over GPUs"),
+    "fsdp_with_lora": (["train", "agent", "--lake", "LAKE", "--set", "fsdp=full_shard", "--set", "use_peft=true"],
+                       "fsdp shards full fine-tuning"),
+    "fsdp_unknown": (["train", "env", "--lake", "LAKE", "--set", "fsdp=zero3"], "fsdp must be one of"),
     "vllm_worker_without_cuda": (["worker", "rollout", "--run-id", "r1", "--lake", "LAKE", "--set", "backend=vllm"],
                                  "backend = vllm cannot run here"),
     "bad_dtype": (["run", "--profile", "quick", "--lake", "LAKE", "--set", "dtype=fp8"], "dtype must be auto, fp32, bf16, fp16"),
@@ -73,6 +78,10 @@ def test_the_memory_plan_prints_its_table_and_a_verdict():
     assert "fits:" in fits.stdout and "of 141 GiB per device (1 x 141 GiB cuda)" in fits.stdout
     small = genenv_cli("plan", "--profile", "paper", "--gpu-memory", "40", timeout=120)
     assert small.returncode == 0 and "does not fit" in small.stdout and "FSDP" in small.stdout
+    sharded = genenv_cli("plan", "--profile", "paper", "--gpus", "8", "--gpu-memory", "80", "--set", "agent.use_peft=false",
+                         "--set", "env.use_peft=false", "--set", "agent.fsdp=full_shard", "--set", "env.fsdp=full_shard",
+                         timeout=120)
+    assert sharded.returncode == 0 and "FSDP" in sharded.stdout and "fits:" in sharded.stdout, sharded.stdout
     unknown = genenv_cli("plan", "--set", "agent_model=/no/such/model", timeout=120)
     assert unknown.returncode == 2 and "cannot plan memory for '/no/such/model'" in unknown.stderr
 

@@ -84,4 +84,4 @@ def test_task_key_keeps_a_tasks_events_together():
     task = TaskGenerated(run_id="r", epoch=0, task_id="t1", batch_id="b", domain="arith", env_model_version="v",
                          sim_prompt="p", raw_generation="g")
     assert task.key == "t1"
-    assert set(EVENT_TYPES) == {"task", "rollout", "reward", "batch", "checkpoint"}
+    assert set(EVENT_TYPES) == {"task", "rollout", "reward", "batch", "checkpoint", "restart"}

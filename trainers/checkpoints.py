@@ -75,12 +75,14 @@ def config_hash(config) -> str:
 SHARD_SIZE = "2GB"  # weights above it are written as shards with a manifest (lake/registry.py)
 
 
-def save_checkpoint(model, tokenizer, target: Path, manifest: dict, max_shard_size: str = SHARD_SIZE) -> str:
-    """Write model (in its dtype), tokenizer and lineage to `target` (whole or not at all); return the weights'
-    sha256 (of the one file, or of the shards' manifest)."""
+def save_checkpoint(model, tokenizer, target: Path, manifest: dict, max_shard_size: str = SHARD_SIZE,
+                    state_dict: dict | None = None) -> str:
+    """Write model (in its dtype; or `state_dict`, the weights a multi-process update gathered), tokenizer and
+    lineage to `target` (whole or not at all); return the weights' sha256 (of the one file, or of the shards'
+    manifest)."""
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial, safe_serialization=True, max_shard_size=max_shard_size)
+    model.save_pretrained(partial, safe_serialization=True, max_shard_size=max_shard_size, state_dict=state_dict)
     tokenizer.save_pretrained(partial)
     sha = write_weights_manifest(partial)
     (partial / MANIFEST).write_text(json.dumps({**manifest, "sha256": sha}, indent=2, sort_keys=True))

@@ -4,8 +4,11 @@
     accelerate launch --num_processes 8 -m engine.cli train agent --pool-version V --parent P ...
 
 accelerate does what it is for: it reads the launcher's environment, sets up the process group (gloo on
-CPUs, NCCL on GPUs), wraps the model for DDP in `prepare` and reduces the gradients in `backward`; FSDP is
-chosen the accelerate way (`accelerate launch --use_fsdp ...` or an accelerate config file). What is ours
+CPUs, NCCL on GPUs), wraps the model in `prepare` and reduces the gradients in `backward`. The trainer
+config's `fsdp` option (TrainingArguments' name: "full_shard" or "shard_grad_op") shards the model with
+FSDP2 instead of replicating it with DDP; accelerate shards on GPUs only, so on CPUs it is refused before
+any work (`check_sharding`). Either way the checkpoint is gathered whole with `get_state_dict` (a
+collective: every rank takes part) and written by rank 0. What is ours
 is the rule for which rows each rank trains on, kept in `rank_batches`, a plain function the CPU tests
 exercise: every rank reads the same pool version (resolved once, before the ranks start), the rows are put
 in one seeded order, cut into global batches of per_device_train_batch_size x world rows, and each rank
@@ -14,7 +17,8 @@ global batch for losses that are means over rows (RWR, GRPO with loss_type "grpo
 without max_completion_length normalise by each rank's own tokens, as TRL's GRPOTrainer does per process.
 Only rank 0 writes, hashes and publishes the checkpoint; the others wait for it.
 
-Untested beyond the CPU: multi-GPU DDP and FSDP have not run (README, "What has not run").
+Untested beyond the CPU: multi-GPU DDP and FSDP have not run (README, "What has not run"); on CPU the DDP
+path runs in the tests, and with it the gather-then-rank-0-writes path FSDP uses.
 """
 
 from __future__ import annotations
@@ -28,14 +32,31 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def accelerator(cpu: bool):
+def check_sharding(fsdp: str, device: str) -> None:
+    """Raise ValueError when the update cannot shard as asked: FSDP needs CUDA devices."""
+    if fsdp and device == "cpu":
+        raise ValueError(f"fsdp={fsdp!r} shards over GPUs, and accelerate runs CPU processes data-parallel only: "
+                         "leave fsdp empty (DDP) on CPUs")
+
+
+def accelerator(cpu: bool, fsdp: str = ""):
     """The process group's Accelerator, or None in a single process (whose update stays bit-identical to a
-    plain torch loop, so replays of single-process checkpoints never depend on accelerate)."""
+    plain torch loop, so replays of single-process checkpoints never depend on accelerate). fsdp: "" for DDP,
+    else FSDP2 with every decoder layer its own shard unit; "full_shard" also frees the gathered weights after
+    each layer's forward (least memory), "shard_grad_op" keeps them until the backward (less communication)."""
     if world_size() <= 1:
         return None
     from accelerate import Accelerator
 
-    return Accelerator(cpu=cpu)
+    if not fsdp:
+        return Accelerator(cpu=cpu)
+    check_sharding(fsdp, "cpu" if cpu else "cuda")
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, reshard_after_forward=fsdp == "full_shard", auto_wrap_policy="transformer_based_wrap",
+        state_dict_type="FULL_STATE_DICT")
+    return Accelerator(fsdp_plugin=plugin)
 
 
 def rank_batches(order: Sequence[int], per_device: int, rank: int = 0, world: int = 1) -> list[list[int]]:

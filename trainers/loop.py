@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 Progress = Callable[[int, int], None]  # (micro-batches done, total)
+FSDP_MODES = ("", "full_shard", "shard_grad_op")  # TrainingArguments' names; "": DDP
 
 
 @dataclass
@@ -28,6 +29,7 @@ class OptimConfig:
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     gradient_checkpointing: bool = False  # recompute each layer's activations in the backward pass: less memory, ~30% slower
+    fsdp: str = ""  # several processes on GPUs: "full_shard" or "shard_grad_op" shard the model (FSDP) instead of DDP
 
     def check(self) -> None:
         """Raise ValueError naming the first bad option."""
@@ -37,6 +39,10 @@ class OptimConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.use_peft and self.lora_r < 1:
             raise ValueError(f"lora_r must be >= 1, got {self.lora_r}")
+        if self.fsdp not in FSDP_MODES:
+            raise ValueError(f"fsdp must be one of {', '.join(map(repr, FSDP_MODES))}, got {self.fsdp!r}")
+        if self.fsdp and self.use_peft:
+            raise ValueError("fsdp shards full fine-tuning; LoRA adapters are small enough for DDP (leave fsdp empty)")
 
 
 @dataclass
@@ -80,6 +86,7 @@ def optimise(model, micro_batches: Sequence[Any], loss_of: Callable[[Any, Any], 
     train_model = model
     if accelerator is not None:
         train_model, optimiser = accelerator.prepare(model, optimiser)
+        params = [p for p in train_model.parameters() if p.requires_grad]  # FSDP replaces them with shards
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if hasattr(model, "enable_input_require_grads"):

@@ -162,10 +162,10 @@ def update_plan(role: str, arch: Architecture, options, dtype: str, prompt_token
                       int(reference), int(activations + logits))
 
 
-def plan_run(config, devices: int = 1, memory_gib: float | None = None, sharded: bool = False,
-             device: str | None = None) -> Plan:
+def plan_run(config, devices: int = 1, memory_gib: float | None = None, device: str | None = None) -> Plan:
     """The memory plan of a RunConfig on `devices` devices of `memory_gib` each (default: this machine's: the
-    first CUDA device's memory, or the CPU's RAM). sharded: FSDP (full sharding) instead of DDP. device: "cuda" or
+    first CUDA device's memory, or the CPU's RAM). A role whose trainer config sets `fsdp` is sharded over the
+    devices; otherwise each device holds its model whole (DDP). device: "cuda" or
     "cpu" to plan for (default: where the config's device resolves on this machine); an "auto" dtype is then bf16
     on CUDA and fp32 on the CPU, as it would be there."""
     if device is None:
@@ -183,7 +183,7 @@ def plan_run(config, devices: int = 1, memory_gib: float | None = None, sharded:
             generation[role] = architecture(model).parameters * BYTES[dtype]
     trained = [role for role in roles if role == "agent" or config.mode == "genenv"]
     updates = [update_plan(role, architecture(roles[role][0]), roles[role][1], dtype, PROMPT_TOKENS, roles[role][2],
-                           devices if sharded else 1) for role in trained]
+                           devices if roles[role][1].fsdp else 1) for role in trained]
     return Plan(device, dtype, devices, memory, generation, config.backend == "vllm", updates)
 
 

@@ -106,16 +106,22 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
         why = f"; left out: {dict(dropped)}" if dropped else ""
         raise TrainError(f"{table}@{pool_version} holds no rows to train the {kind} on{since}{why}")
 
-    group = distributed.accelerator(cpu=precision.device == "cpu")
+    fsdp = getattr(config, "fsdp", "") if distributed.world_size() > 1 else ""
+    try:
+        distributed.check_sharding(fsdp, precision.device)
+    except ValueError as exc:
+        raise TrainError(str(exc)) from None
+    group = distributed.accelerator(cpu=precision.device == "cpu", fsdp=fsdp)
     if group is not None:
         device = "cpu" if group.device.type == "cpu" else str(group.device)  # each rank on its own device
         precision = Precision(device, precision.dtype)
     loaded = load_checkpoint(lake, kind, parent, base_model, master_weights(precision, config))
     continued = (carry is not None and carry.state is not None and carry.version == parent and not warm_start
-                 and not getattr(config, "use_peft", False))
+                 and not getattr(config, "use_peft", False) and not fsdp)
     if carry is not None and not continued:
         carry.state = None
-    model, metrics = fit(loaded, selected, dropped, config, base_model, warm_start, progress, precision, group, carry)
+    model, metrics, weights = fit(loaded, selected, dropped, config, base_model, warm_start, progress, precision, group,
+                                  carry)
     metrics["optimizer"] = f"continued from v{parent}" if continued else "fresh"
     version = max(parent, latest_version(lake, kind)) + 1
     if group is not None:
@@ -135,7 +141,7 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
     if carry is not None:
         carry.version = version
     if group is None or group.is_main_process:
-        record.sha256 = save_checkpoint(model, loaded.tokenizer, target, lineage)
+        record.sha256 = save_checkpoint(model, loaded.tokenizer, target, lineage, state_dict=weights)
     if group is not None:
         group.wait_for_everyone()  # the other ranks read rank 0's file, never write one
         record.sha256 = weights_digest(target)
@@ -163,10 +169,11 @@ def master_weights(precision: Precision, config) -> Precision:
 
 def fit(loaded: LoadedModel, selected: pl.DataFrame, dropped: Counter, config, base_model: str, warm_start: bool,
         progress: Progress | None = None, precision: Precision = CPU, group=None,
-        carry: OptimizerCarry | None = None) -> tuple[torch.nn.Module, dict]:
+        carry: OptimizerCarry | None = None) -> tuple[torch.nn.Module, dict, dict | None]:
     """Train the parent model (loaded with fp32 master weights) on the selected rows: (the trained model, LoRA
-    merged, in the precision's dtype; its metrics). Forward passes run under autocast when the dtype is not
-    fp32 (mixed precision). group: the Accelerator of a multi-process update (trainers/distributed.py). Deterministic
+    merged, in the precision's dtype; its metrics; with several processes, its whole weights as gathered for rank 0
+    to write, else None). Forward passes run under autocast when the dtype is not fp32 (mixed precision).
+    group: the Accelerator of a multi-process update (trainers/distributed.py). Deterministic
     on CPU for the same parent, rows, config, seed, precision and number of processes: replay relies on it."""
     precision = precision.resolved()
     dtype = precision.torch_dtype
@@ -190,7 +197,12 @@ def fit(loaded: LoadedModel, selected: pl.DataFrame, dropped: Counter, config, b
         dropped["uneven_tail"] += tail
     metrics["rows_left_out"] = dict(dropped)
     metrics["warm_start"] = warm_start
-    return merged(trainer.model).to(dtype), _plain(metrics)
+    if group is None or getattr(config, "use_peft", False):  # LoRA: each rank holds the whole model to merge into
+        return merged(trainer.model).to(dtype), _plain(metrics), None
+    # Every rank takes part in the gather (under FSDP each holds a shard); rank 0 receives the whole weights. The
+    # model itself is cast too, only so that save_pretrained records the dtype the weights are written in.
+    weights = {name: tensor.to(dtype) for name, tensor in group.get_state_dict(trainer.model).items()}
+    return group.unwrap_model(trainer.model).to(dtype), _plain(metrics), weights
 
 
 def config_from_manifest(kind: str, lineage: dict):

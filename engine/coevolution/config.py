@@ -59,6 +59,8 @@ class RunConfig:
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on cpu), fp32, bf16, fp16; trainers keep fp32 master weights
     tensor_parallel_size: int = 1  # vLLM: GPUs per engine
     gpu_memory_utilization: float = 0.4  # vLLM: each engine's share of a GPU (the sync loop holds two engines)
+    rollout_workers: int = 1  # async: rollout worker processes (one consumer group shares the tasks)
+    reward_workers: int = 1  # async: reward worker processes
     # Task granularity: with 8 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
     # G = 4 a task's p_hat is a multiple of 0.25, so k = 0.25 keeps the tasks solved sometimes but not always.
     curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(granularity="task", k=0.25))
@@ -77,7 +79,7 @@ class RunConfig:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         for name in ("epochs", "tasks_per_epoch", "batch_size", "group_size", "agent_max_new_tokens",
                      "env_max_new_tokens", "generation_batch_size", "max_generation_attempts", "validation_size", "warm_start_tasks",
-                     "warm_start_epochs"):
+                     "warm_start_epochs", "rollout_workers", "reward_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.group_size < 2:

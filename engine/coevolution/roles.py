@@ -206,7 +206,8 @@ class Rollouts(ModelRole):
     def prompt(self, task: Task) -> str:
         return render_prompt(self.model.tokenizer, self.domain.agent_prompt(task), system=self.domain.agent_system)
 
-    def roll_out(self, tasks: list[GeneratedTask], epoch: int, progress: Tick = _quiet) -> list[RolloutCompleted]:
+    def roll_out(self, tasks: list[GeneratedTask], epoch: int, progress: Tick = _quiet,
+                 producer: str = "rollout") -> list[RolloutCompleted]:
         """group_size rollouts of every task, in task order; rollout ids are `<task id>-r<i>`. Rollout i of a task is
         sampled with `rollout_seed(run seed, task id, i)`: a group's rollouts differ, and a replay gets them again."""
         g = self.config.group_size
@@ -217,7 +218,7 @@ class Rollouts(ModelRole):
             run_id=self.run_id, epoch=epoch, rollout_id=f"{tasks[i // g].task_id}-r{i % g}", task_id=tasks[i // g].task_id,
             group_index=i % g, agent_model_version=str(self.version), prompt=generation.prompt,
             completion=generation.text, completion_token_ids=generation.token_ids,
-            behaviour_logprobs=generation.logprobs, producer="rollout") for i, generation in enumerate(generations)]
+            behaviour_logprobs=generation.logprobs, producer=producer) for i, generation in enumerate(generations)]
 
     def validate(self, tasks: list[Task], progress: Tick = _quiet) -> float:
         """Mean success of greedy answers to `tasks` (the domain's held-out set)."""

@@ -204,6 +204,9 @@ def audit_epoch(lake: Lake, epoch: int, run_id: str | None = None) -> dict:
                          "pool_version": c["pool_version"], "sha256": c["sha256"],
                          "warm_start": bool(json_object(c["metrics_json"]).get("warm_start"))}
                         for c in checkpoints.iter_rows(named=True)],
+        "worker_restarts": [{"worker": r["worker"], "role": r["role"], "exit_code": r["exit_code"], "restart": r["restart"]}
+                            for r in scan(lake, silver("restart")).filter(of_epoch).collect().sort("produced_at")
+                            .iter_rows(named=True)],
     }
 
 

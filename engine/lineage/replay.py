@@ -186,7 +186,7 @@ def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[i
         precision = Precision(**lineage.get("precision", {"device": "cpu", "dtype": "fp32"}))
         loaded = load_checkpoint(lake, kind, plan.parent, lineage["base_model"], master_weights(precision, config))
         with phase(f"retraining {kind} v{c['version']} on {selected.height} rows") as tick:
-            model, _ = fit(loaded, selected, dropped, config, lineage["base_model"], warm_start, tick, precision)
+            model, _, _ = fit(loaded, selected, dropped, config, lineage["base_model"], warm_start, tick, precision)
         folder = checkpoint_dir(rebuilt, kind, c["version"])
         out.replayed_sha256 = save_checkpoint(model, loaded.tokenizer, folder, {**lineage, "path": str(folder)})
         if out.replayed_sha256 != c["sha256"]:

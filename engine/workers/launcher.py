@@ -1,15 +1,15 @@
-"""Running the async mode: the warm start, then one process per role, then a report read from the lake.
+"""Running the async mode: the warm start, then the workers under a supervisor, then a report read from the lake.
 
 `genenv run --async` is a convenience for one machine: it starts the workers that a deployment would
-run as separate services (`genenv worker ROLE` and `genenv ingest`, see docker-compose.yml), waits
-until the agent trainer has made `epochs` updates and the simulator has written `epochs` rounds,
-stops the other workers, lets the ingestor catch up with the log, and stops it.
+run as separate services (`genenv worker ROLE` and `genenv ingest`, see docker-compose.yml), with
+`rollout_workers` and `reward_workers` processes of those roles, restarts a worker that dies
+(supervisor.py), waits until the agent trainer has made `epochs` updates and the simulator has written
+`epochs` rounds, stops the other workers, lets the ingestor catch up with the log, and stops it. It
+reports success only when the lake holds the whole run (`missing_work`).
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -17,58 +17,112 @@ from pathlib import Path
 import polars as pl
 
 from lake import VALIDATIONS, Lake, lag, read_table, silver
-from streams.broker import terminate
-from trainers import manifest, new_rows, select_update_rows
+from streams.broker import broker_answers
+from trainers import manifest, new_rows, registry, select_update_rows
 
 from ..coevolution import CoEvolution, LakeWriter, RunConfig, to_toml
-from .worker import ROLES, run_version
+from .resume import republish
+from .supervisor import Supervisor
+from .worker import ROLES, run_progress, run_version
 
-ROOT = Path(__file__).resolve().parents[2]
+BROKER_CHECK_S = 10.0  # how often the launcher asks whether the broker still answers
 
 
-def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_s: float = 3600, phase=None) -> CoEvolution:
-    """The run, its warm start and first validation done here (as the sync loop does them), the rest by workers."""
-    with LakeWriter(lake, bootstrap) as writer:
-        engine = CoEvolution(config, lake, writer, say, phase=phase)
-        engine.prepare()
-        if config.warm_start:
-            engine.warm_start()
+class RunInterrupted(RuntimeError):
+    """The run cannot go on here (its broker stopped answering); the message says how to resume it."""
+
+
+def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_s: float = 3600, phase=None,
+              resume: bool = False) -> CoEvolution:
+    """The run, its warm start and first validation done here (as the sync loop does them), the rest by workers.
+    resume: continue config.run_id from what the lake holds (resume.py): no warm start; the validation before
+    training is measured again on the run's first agent checkpoint."""
+    if resume:
+        engine = CoEvolution(config, lake, None, say, run_id=config.run_id, phase=phase)
+        engine.rollouts.load(lake, _first_version(lake, "agent", config.run_id))
         engine.initial_accuracy = engine.validate()
-        say(f"validation accuracy before training: {engine.initial_accuracy:.3f}")
+        sent = republish(lake, bootstrap, engine.run_id)
+        say(f"resuming run {engine.run_id}: " + (f"{sent} events of unfinished tasks sent again from the lake"
+                                                 if sent else "nothing to send again"))
+    else:
+        with LakeWriter(lake, bootstrap) as writer:
+            engine = CoEvolution(config, lake, writer, say, phase=phase)
+            engine.prepare()
+            if config.warm_start:
+                engine.warm_start()
+            engine.initial_accuracy = engine.validate()
+    say(f"validation accuracy before training: {engine.initial_accuracy:.3f}")
     engine.rollouts.unload()  # the workers hold the models from here on
     engine.simulator.unload()
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(to_toml(config))
     common = ["--lake", lake.root, "--bootstrap", bootstrap]
-    commands = {role: ["worker", role, *common, "--run-id", engine.run_id, "--config", f.name] for role in ROLES}
-    commands["ingest"] = ["ingest", *common, "--max-batch-ms", "500"]
-    procs = {role: subprocess.Popen([sys.executable, "-m", "engine.cli", *args], cwd=ROOT) for role, args in commands.items()}
+    run_id = engine.run_id
+    supervisor = Supervisor(run_id, bootstrap, lambda: max(run_progress(lake, run_id)[0], default=0), say)
+    copies = {"rollout": config.rollout_workers, "reward": config.reward_workers}
+    for role in ROLES:
+        for i in range(copies.get(role, 1)):
+            name = f"{role}-{i}" if copies.get(role, 1) > 1 else role
+            supervisor.start(name, role, ["worker", role, *common, "--run-id", run_id, "--config", f.name])
+    # Named after the run: its lease owner, so a restarted ingestor takes its own lease back at once.
+    supervisor.start(f"ingest-{run_id}", "ingest", ["ingest", *common, "--max-batch-ms", "500"])
     deadline = time.monotonic() + timeout_s
+    resume_line = f"genenv run --async --resume {run_id} --lake {lake.root}"
 
     def wait(until, what: str) -> None:
+        asked = time.monotonic()
         while not until():
-            failed = [r for r, p in procs.items() if p.poll() not in (None, 0)]
-            if failed:
-                raise RuntimeError(f"async run: worker {failed[0]} exited with code {procs[failed[0]].returncode}")
+            supervisor.check()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"async run: {what} within {timeout_s:.0f}s")
+            if time.monotonic() - asked > BROKER_CHECK_S:
+                asked = time.monotonic()
+                if not broker_answers(bootstrap):
+                    raise RunInterrupted(f"the Kafka broker at {bootstrap} stopped answering; continue the run with "
+                                         f"`{resume_line}` (against a new broker the lake re-sends what it lost)")
             time.sleep(1.0)
 
     try:
         # The simulator has written every round; then every valid task gets scored, and the agent trainer
         # either makes its last update or has trained on everything the pool holds.
-        wait(lambda: procs["simulator"].poll() is not None, "the simulator did not write its rounds")
-        wait(lambda: lag(lake, bootstrap) == 0 and not _unscored_tasks(lake, engine.run_id), "rewards did not land")
-        wait(lambda: procs["train-agent"].poll() is not None or _agent_caught_up(lake, engine.run_id, config),
+        wait(lambda: supervisor.finished("simulator"), "the simulator did not write its rounds")
+        wait(lambda: lag(lake, bootstrap) == 0 and not _unscored_tasks(lake, run_id), "rewards did not land")
+        wait(lambda: supervisor.finished("train-agent") or _agent_caught_up(lake, run_id, config),
              "the agent trainer did not catch up")
-        for role in ("rollout", "reward", "train-agent", "train-env"):
-            terminate(procs[role])
+        supervisor.stop("rollout", "reward", "train-agent", "train-env")
         wait(lambda: lag(lake, bootstrap) == 0 and not _still_refining(lake), "the ingestor did not catch up")
     finally:
-        for proc in procs.values():
-            terminate(proc)
+        supervisor.close()
         Path(f.name).unlink(missing_ok=True)
+    missing = missing_work(lake, run_id, config)
+    if missing:
+        raise RunInterrupted(f"async run {run_id}: the lake lacks {'; '.join(missing)}; continue it with `{resume_line}`")
     return engine
+
+
+def _first_version(lake: Lake, kind: str, run_id: str) -> int:
+    """The run's first checkpoint of a kind (its warm start), or 0 (the base model)."""
+    rows = registry(lake, kind).filter(pl.col("run_id") == run_id)
+    return int(rows["version"].min()) if rows.height else 0
+
+
+def missing_work(lake: Lake, run_id: str, config: RunConfig) -> list[str]:
+    """What a finished run's lake should hold and does not: every valid task with group_size rollouts, each rollout
+    with its reward, every task scored, and the agent trained at least once."""
+    of_run = (pl.col("run_id") == run_id) & (pl.col("producer") != "warm-start")
+    tasks = read_table(lake, silver("task")).filter(of_run & pl.col("valid"))
+    rollouts = read_table(lake, silver("rollout")).filter(of_run).unique("rollout_id")
+    rewards = read_table(lake, silver("reward")).filter(of_run).unique("rollout_id")
+    per_task = rollouts.group_by("task_id").len()
+    short = tasks.join(per_task, on="task_id", how="left").filter(pl.col("len").fill_null(0) < config.group_size)
+    unrewarded = rollouts.join(rewards, on="rollout_id", how="anti")
+    problems = [f"{n} {what}" for n, what in (
+        (short.height, f"valid tasks with fewer than {config.group_size} rollouts"),
+        (unrewarded.height, "rollouts without a reward"),
+        (_unscored_tasks(lake, run_id), "valid tasks without a score")) if n]
+    if run_version(lake, "agent", run_id) == 0:
+        problems.append("an agent checkpoint")
+    return problems
 
 
 def _unscored_tasks(lake: Lake, run_id: str) -> int:

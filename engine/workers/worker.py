@@ -11,21 +11,36 @@
                  more than agent.max_staleness versions behind its parent are dropped (or importance-weighted)
     train-env    Updater(env): RWR whenever d_env holds new in-band generations of the run
 
-Workers find each other only through Kafka and the lake. Each consumes its topics from the start and keeps
-what belongs to its run; its state is rebuilt from the log on restart. A worker loads the checkpoint a
-CheckpointPublished event names after checking the event's sha256. Building a worker opens nothing:
-`run(stop)` connects, loads the role's model and loops until `stop()` says so.
+Workers find each other only through Kafka and the lake. The rollout and reward workers are members of a
+consumer group per role and run (`genenv-<run>-rollout`, `genenv-<run>-reward`): N workers of a role share
+the partitions, so each task is rolled out once and scored once, and a restarted worker goes on from its
+group's committed offsets, never from offset 0. They commit only after their output is published (the reward
+worker holds a task's messages until its group is scored: streams/offsets.py), so a crash repeats work
+rather than losing it; the repeated events carry the same ids, and the lake keeps the first. Everything
+else a worker needs is read from the lake, the record of what is done: the newest checkpoint of its
+kind (checked against the registry's sha256), and for the simulator and the trainers their whole
+progress. Building a worker opens nothing: `run(stop)` connects, loads the role's model and loops until
+`stop()` says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
+import os
+import socket
 import time
-from collections import Counter, defaultdict
 from collections.abc import Callable
+from itertools import groupby
 
-from lake import Lake
-from streams import EventProducer, assigned_consumer, decode, ensure_topics
+import polars as pl
+from kafka import ConsumerRebalanceListener, TopicPartition
+from deltalake.exceptions import DeltaError
+from kafka.errors import CommitFailedError, KafkaError
+
+from lake import Lake, read_table, silver
+from streams import EventProducer, HeldOffsets, decode, ensure_topics, group_consumer
 from trainers import TrainError, latest_version, manifest, registry
 from trainers.update import POOL_OF, new_rows
 
@@ -33,19 +48,20 @@ from ..coevolution import GeneratedTask, RunConfig, Rollouts, Scorer, Simulator,
 from ..domains import Invalid, Task, get_domain, task_from_row
 
 IDLE_S = 5.0  # a trainer takes fewer rows than a batch's worth once the pool has not grown for this long
+RELOAD_S = 2.0  # how often a worker looks in the registry for a newer checkpoint of its kind
+POLL_S = 1.0  # how often the lake-driven workers (simulator, trainers) look at the lake
 Stop = Callable[[], bool]
+TRANSIENT = (KafkaError, DeltaError, OSError)  # a broker or storage error a worker retries (run)
+RETRIES = 5
 
 
-def run_events(consumer, run_id: str, timeout_ms: int = 500):
-    """Decoded events of one run from a poll (malformed ones are the ingestor's business, not ours)."""
-    for messages in consumer.poll(timeout_ms=timeout_ms).values():
-        for message in messages:
-            try:
-                event = decode(message.value)
-            except ValueError:
-                continue
-            if event.run_id == run_id:
-                yield event
+def run_event(message, run_id: str):
+    """The message's event if it belongs to the run, else None (malformed ones are the ingestor's business)."""
+    try:
+        event = decode(message.value)
+    except ValueError:
+        return None
+    return event if event.run_id == run_id and event.producer != "warm-start" else None
 
 
 def task_of(event) -> Task | Invalid:
@@ -64,6 +80,11 @@ def generated_task(event) -> GeneratedTask:
                          event.env_model_version, event.epoch)
 
 
+def worker_name(role: str) -> str:
+    """Who did a piece of work, as its events' `producer` says: GENENV_WORKER_NAME, else role@host:pid."""
+    return os.environ.get("GENENV_WORKER_NAME") or f"{role}@{socket.gethostname()}:{os.getpid()}"
+
+
 def run_version(lake: Lake, kind: str, run_id: str) -> int:
     """The newest checkpoint of this run (its warm start, for a fresh run); 0 when it has none."""
     rows = registry(lake, kind)
@@ -77,125 +98,278 @@ class Worker:
     role = ""
     topics: tuple[str, ...] = ()
 
+    co_partitioned = False  # the member needs a task's events from every topic (group_consumer)
+
     def __init__(self, config: RunConfig, lake: Lake, bootstrap: str, run_id: str, say=print):
         self.config, self.lake, self.bootstrap, self.run_id, self.say = config, lake, bootstrap, run_id, say
         self.domain = get_domain(config.domain, config.seeds_path)
+        self.name = worker_name(self.role)
         self.producer: EventProducer | None = None
+        self.consumer = None
+        self._looked = 0.0
+
+    @property
+    def group_id(self) -> str:
+        return f"genenv-{self.run_id}-{self.role}"
 
     def run(self, stop: Stop) -> None:
+        """Connect and loop until `stop()`. A broker or storage error (the broker restarting, a storage hiccup)
+        closes the connections, waits (2, 4, 8, ... s) and starts again from what the lake and the group's
+        committed offsets say; after RETRIES failures in a row the error is raised (and a supervisor restarts
+        the process)."""
         # Every worker of a run records its config (the first one writes it): replay and audit read it back.
         record_run_config(self.lake.root, self.run_id, dataclasses.replace(self.config, run_id=self.run_id))
+        failures = 0
+        while True:
+            try:
+                self.connect()
+                self.loop(self.consumer, stop)
+                return
+            except TRANSIENT as exc:
+                failures += 1
+                if failures > RETRIES:
+                    raise
+                delay = 2.0 ** failures
+                self.say(f"{self.role}: {exc.__class__.__name__}: {str(exc)[:200]}; retry {failures}/{RETRIES} in {delay:.0f}s")
+                time.sleep(delay)
+            finally:
+                self.disconnect()
+
+    def connect(self) -> None:
         ensure_topics(self.bootstrap)
         self.producer = EventProducer(self.bootstrap, client_id=f"genenv-{self.role}")
-        consumer = assigned_consumer(self.bootstrap, list(self.topics), client_id=f"genenv-{self.role}") if self.topics else None
-        try:
-            self.loop(consumer, stop)
-        finally:
-            if consumer is not None:
-                consumer.close()
-            self.producer.close()
+        if self.topics:
+            self.reset()
+            self.consumer = group_consumer(self.bootstrap, self.topics, self.group_id, client_id=f"genenv-{self.role}",
+                                           co_partitioned=self.co_partitioned, listener=self.listener())
+
+    def disconnect(self) -> None:
+        for client, close in ((self.consumer, lambda c: c.close(autocommit=False)), (self.producer, lambda p: p.close())):
+            if client is not None:
+                with contextlib.suppress(Exception):  # closing after a broker error may fail again; nothing to keep
+                    close(client)
+        self.consumer = self.producer = None
+
+    def reset(self) -> None:
+        """Forget what was read but not committed: a new consumer reads it again."""
 
     def loop(self, consumer, stop: Stop) -> None:
         raise NotImplementedError
+
+    def listener(self):
+        return None
 
     def publish(self, events) -> None:
         for event in events:
             self.producer.send(event)
         self.producer.flush()
 
-    def reload(self, role, event) -> None:
-        """Take the weights a CheckpointPublished event names, if they are the role's kind and newer than its own."""
-        if event.model_kind == role.kind and event.version > role.version:
-            role.load(self.lake, event.version, event.sha256)
+    def commit(self, offsets=None) -> None:
+        """Commit after the work is published. A commit refused because the group rebalanced meanwhile loses
+        nothing: whoever holds the partitions now reads those messages again."""
+        try:
+            self.consumer.commit(offsets)
+        except CommitFailedError as exc:
+            self.say(f"{self.role}: commit refused ({exc.__class__.__name__}); the group reads those messages again")
+
+    def refresh(self, role, every: float = RELOAD_S) -> None:
+        """Load the run's newest registered checkpoint of the role's kind (first call: whatever it is; then only
+        when newer than the role's), looking at most once per `every` seconds."""
+        if role.model is not None and time.monotonic() - self._looked < every:
+            return
+        self._looked = time.monotonic()
+        newest = run_version(self.lake, role.kind, self.run_id)
+        if role.model is None or newest > role.version:
+            role.load(self.lake, newest)
+
+
+def run_progress(lake: Lake, run_id: str) -> tuple[dict[int, int], dict[int, int], list[tuple[dict, bool]]]:
+    """What the lake holds of a run's rounds: valid tasks per epoch, tasks scored per epoch, and the (difficulty,
+    success) of every scored rollout of the run's tasks, oldest first."""
+    of_run = (pl.col("run_id") == run_id) & (pl.col("producer") != "warm-start")
+    valid = read_table(lake, silver("task")).filter(of_run & pl.col("valid")).unique("task_id")
+    batches = read_table(lake, silver("batch")).filter(of_run).unique("batch_id")
+    rewards = read_table(lake, silver("reward")).filter(of_run).unique("rollout_id")
+    scored = rewards.join(valid.select("task_id", "difficulty_json"), on="task_id").sort("produced_at")
+    return (dict(valid.group_by("epoch").len().iter_rows()),
+            dict(batches.group_by("epoch").agg(pl.col("n_tasks").sum()).iter_rows()),
+            [(json.loads(d or "{}"), bool(ok)) for d, ok in scored.select("difficulty_json", "success").iter_rows()])
 
 
 class SimulatorWorker(Worker):
+    """One per run. Its progress is the lake's: a restarted simulator goes on after the last round the lake holds
+    (a round it wrote but the lake has not landed is written again, under the same task ids)."""
+
     role = "simulator"
-    topics = ("genenv.batches", "genenv.checkpoints", "genenv.rewards")
 
     def loop(self, consumer, stop: Stop) -> None:
         cfg = self.config
         simulator = Simulator(cfg, self.domain, self.run_id)
-        if simulator.needs_model:
-            simulator.load(self.lake, run_version(self.lake, "env", self.run_id))
-        scored: Counter = Counter()  # epoch -> tasks scored
-        valid_in: dict[int, int] = {}  # epoch -> valid tasks generated
-        history: list = []
-        difficulty: dict[str, dict] = {}
-        round_ = 0
+        valid_in, _, _ = run_progress(self.lake, self.run_id)
+        round_ = max(valid_in, default=-1) + 1
         while round_ < cfg.epochs and not stop():
-            for event in run_events(consumer, self.run_id):
-                if event.KIND == "checkpoint" and simulator.needs_model:
-                    self.reload(simulator, event)
-                elif event.KIND == "batch":
-                    scored[event.epoch] += event.n_tasks
-                elif event.KIND == "reward" and event.task_id in difficulty:
-                    history.append((difficulty[event.task_id], event.success))
-            if round_ > 0 and scored[round_ - 1] < valid_in[round_ - 1]:
+            valid_now, scored, history = run_progress(self.lake, self.run_id)
+            if round_ > 0 and scored.get(round_ - 1, 0) < valid_in.get(round_ - 1, valid_now.get(round_ - 1, 0)):
+                time.sleep(POLL_S)
                 continue
+            if simulator.needs_model:
+                self.refresh(simulator, every=0)
             recent = history[-4 * cfg.tasks_per_epoch * cfg.group_size:]
             published, valid = simulator.tasks_for(round_, recent)
             valid_in[round_] = len(valid)
-            difficulty.update({t.task_id: t.parsed.difficulty for t in valid})
-            self.publish([simulator.event(t) for t in published])
+            self.publish([simulator.event(t, producer=self.name) for t in published])
             self.say(f"simulator: round {round_}: {len(valid)} valid tasks of {len(published)} written (env v{simulator.version})")
             round_ += 1
 
 
 class RolloutWorker(Worker):
+    """Rolls out the tasks of its partitions, a generation batch per poll; commits once their rollouts are sent."""
+
     role = "rollout"
-    topics = ("genenv.tasks", "genenv.checkpoints")
+    topics = ("genenv.tasks",)
 
     def loop(self, consumer, stop: Stop) -> None:
         rollouts = Rollouts(self.config, self.domain, self.run_id)
-        rollouts.load(self.lake, run_version(self.lake, "agent", self.run_id))
         per_call = max(1, self.config.generation_batch_size // self.config.group_size)
-        waiting: list[GeneratedTask] = []
         while not stop():
-            for event in run_events(consumer, self.run_id):
-                if event.KIND == "checkpoint":
-                    self.reload(rollouts, event)
-                elif event.KIND == "task" and event.producer != "warm-start":
-                    task = generated_task(event)
-                    if not isinstance(task.parsed, Invalid):
-                        waiting.append(task)
-            while waiting and not stop():
-                batch, waiting = waiting[:per_call], waiting[per_call:]
-                self.publish(rollouts.roll_out(batch, batch[0].epoch))  # the reward worker scores them
+            self.refresh(rollouts)
+            polled = [m for messages in consumer.poll(timeout_ms=500, max_records=per_call).values() for m in messages]
+            tasks = [generated_task(e) for e in (run_event(m, self.run_id) for m in polled) if e is not None and e.KIND == "task"]
+            tasks = self.not_in_lake([t for t in tasks if not isinstance(t.parsed, Invalid)])
+            for epoch, same_epoch in groupby(sorted(tasks, key=lambda t: t.epoch), key=lambda t: t.epoch):
+                self.publish(rollouts.roll_out(list(same_epoch), epoch, producer=self.name))  # the reward worker scores them
+            if polled:
+                self.commit()
+
+
+    def not_in_lake(self, tasks: list[GeneratedTask]) -> list[GeneratedTask]:
+        """The tasks whose rollouts the lake does not hold yet (a task sent again after a restart or a resume
+        needs none)."""
+        if not tasks:
+            return tasks
+        ids = [t.task_id for t in tasks]
+        rows = read_table(self.lake, silver("rollout")).filter(pl.col("task_id").is_in(ids) & (pl.col("run_id") == self.run_id))
+        done = {t for t, n in rows.group_by("task_id").agg(pl.col("rollout_id").n_unique()).iter_rows()
+                if n >= self.config.group_size}
+        return [t for t in tasks if t.task_id not in done]
 
 
 class RewardWorker(Worker):
+    """Scores every rollout of its partitions, and each task with the curriculum once its group is complete. A
+    task's message and its rollouts' are held (not committed) until then: streams/offsets.py."""
+
     role = "reward"
     topics = ("genenv.tasks", "genenv.rollouts")
+    co_partitioned = True  # a task and its rollouts, keyed by task id, come to the same member
+
+    def reset(self) -> None:
+        self.held = HeldOffsets()
+        self.tasks: dict[str, GeneratedTask] = {}
+        self.partition: dict[str, int] = {}  # task id -> its partition number (the same in both topics)
+        self.successes: dict[str, dict[str, bool]] = {}  # task id -> rollout id -> success
+        self.early: list = []  # (message, rollout) whose task has not come yet
+        self.scored: set[str] = set()
+        self.rewind: dict[TopicPartition, int] = {}
+
+    def listener(self):
+        worker = self
+
+        class Rebalance(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked):
+                worker.give_up(revoked)
+
+            def on_partitions_assigned(self, assigned):
+                for tp in assigned:  # kept partitions keep their position: go back to what was committed
+                    if tp in worker.rewind:
+                        worker.consumer.seek(tp, worker.rewind.pop(tp))
+
+        return Rebalance()
+
+    def give_up(self, revoked) -> None:
+        """Before partitions are taken away: commit what is done, forget what waits (their new owner reads it)."""
+        offsets = self.held.to_commit()
+        if offsets:
+            self.commit(offsets)
+            self.held.committed(offsets)
+        numbers = {tp.partition for tp in revoked}
+        self.rewind.update({tp: meta.offset for tp, meta in offsets.items() if tp in revoked})
+        for task_id in [t for t, p in self.partition.items() if p in numbers]:
+            for table in (self.tasks, self.partition, self.successes):
+                table.pop(task_id, None)
+        self.early = [(m, r) for m, r in self.early if m.partition not in numbers]
+        self.held.forget(revoked)
 
     def loop(self, consumer, stop: Stop) -> None:
         scorer = Scorer(self.config, self.domain, self.run_id)
-        tasks: dict[str, GeneratedTask] = {}
-        successes: dict[str, list[bool]] = defaultdict(list)
-        early: list = []  # rollouts whose task has not arrived yet
-        scored: set[str] = set()
+        looked = time.monotonic()
         while not stop():
-            for event in run_events(consumer, self.run_id):
-                if event.KIND == "task" and event.producer != "warm-start":
-                    tasks[event.task_id] = generated_task(event)
-                elif event.KIND == "rollout" and event.producer != "warm-start":
-                    early.append(event)
-            ready, early = [e for e in early if e.task_id in tasks], [e for e in early if e.task_id not in tasks]
+            for messages in consumer.poll(timeout_ms=500).values():
+                for message in messages:
+                    self.take(message)
             out = []
-            for rollout in ready:
-                reward = scorer.reward(tasks[rollout.task_id], rollout)
+            waiting = []
+            for message, rollout in self.early:
+                task = self.tasks.get(rollout.task_id)
+                if task is None:
+                    waiting.append((message, rollout))
+                    continue
+                done = self.successes.setdefault(rollout.task_id, {})
+                if rollout.rollout_id in done:
+                    continue  # a repeat (a restarted rollout worker's): the first counts, as in the lake
+                reward = scorer.reward(task, rollout, producer=self.name)
                 out.append(reward)
-                successes[rollout.task_id].append(reward.success)
+                done[rollout.rollout_id] = reward.success
+            self.early = waiting
             # Streaming scores each task as soon as its group is complete (task granularity): a batch's
             # membership is not known until the simulator's round is over.
-            for task_id in list(successes):
-                task = tasks.get(task_id)
-                if task is None or task_id in scored or len(successes[task_id]) < self.config.group_size:
+            for task_id, done in list(self.successes.items()):
+                if len(done) < self.config.group_size:
                     continue
-                scored.add(task_id)
-                out += scorer.groups([task], {task_id: successes[task_id]}, task.epoch, granularity="task")
+                task = self.tasks[task_id]
+                out += scorer.groups([task], {task_id: list(done.values())}, task.epoch, granularity="task",
+                                     producer=self.name)
+                self.finished(task_id)
             if out:
                 self.publish(out)
+            if self.early and time.monotonic() - looked > IDLE_S:
+                looked = time.monotonic()
+                self.drop_scored_elsewhere()
+            offsets = self.held.to_commit()
+            if offsets:
+                self.commit(offsets)
+                self.held.committed(offsets)
+
+    def take(self, message) -> None:
+        event = run_event(message, self.run_id)
+        if event is None or event.task_id in self.scored or event.KIND not in ("task", "rollout"):
+            self.held.seen(message)
+            return
+        if event.KIND == "task":
+            task = generated_task(event)
+            if isinstance(task.parsed, Invalid):  # no rollouts will come for it
+                self.held.seen(message)
+                return
+            self.tasks.setdefault(event.task_id, task)  # a task written again after a restart: the first counts
+        else:
+            self.early.append((message, event))
+        self.partition[event.task_id] = message.partition
+        self.held.hold(message, event.task_id)
+
+    def finished(self, task_id: str) -> None:
+        self.scored.add(task_id)
+        self.held.release(task_id)
+        for table in (self.tasks, self.partition, self.successes):
+            table.pop(task_id, None)
+
+    def drop_scored_elsewhere(self) -> None:
+        """Rollouts whose task never comes: repeats of rollouts of a task scored before this worker started (its
+        task message was committed past). The lake says which; they need no second score."""
+        waiting = {r.task_id for _, r in self.early}
+        batches = read_table(self.lake, silver("batch")).filter(pl.col("run_id") == self.run_id)
+        done = waiting & set(batches["task_ids"].explode().to_list())
+        for task_id in done:
+            self.finished(task_id)
+        self.early = [(m, r) for m, r in self.early if r.task_id not in done]
 
 
 class TrainerWorker(Worker):

@@ -1,0 +1,66 @@
+"""Resuming an async run (`genenv run --async --resume RUN_ID`): what the log lost is published again from the lake.
+
+Every worker rebuilds its state from the lake and its consumer group's committed offsets, so resuming a run is
+starting its workers again, minus the warm start. What differs is the broker:
+
+- the same Kafka cluster (the lake's bronze holds records of this cluster id): the log and the groups' committed
+  offsets are intact; nothing is re-published or regenerated.
+- a new cluster, typically a fresh embedded broker after the last one died with the run (it keeps its log in
+  memory): whatever was produced but not ingested is gone. The simulator writes again the rounds the lake
+  lacks, under the same task ids; `republish` sends again, from the lake, every valid task of the run that has
+  no score yet, with the rollouts the lake holds of it. The rollout workers roll out only the rollouts the lake
+  lacks, the reward worker scores what is unscored, and the lake keeps the first copy of anything that
+  arrives twice (same event ids).
+
+The embedded broker's loss window is therefore everything between a producer's send and the ingestor's next
+micro-batch (`--max-batch-ms`, 500 ms under `genenv run --async`), plus anything produced while the ingestor
+was down; resume closes it as above.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from lake import Lake, bronze, read_table, silver
+from streams import TOPICS, EventProducer, cluster_id
+from streams.events import EVENT_TYPES, Event, field_types
+
+
+def same_log(lake: Lake, bootstrap: str) -> bool:
+    """The broker is the cluster the lake has been ingesting from (its log survived)."""
+    clusters = read_table(lake, bronze(TOPICS["task"]))["kafka_cluster"].unique().to_list()
+    return cluster_id(bootstrap) in clusters
+
+
+def event_of(kind: str, row: dict) -> Event:
+    """A silver row as the event it was (same fields, same event id)."""
+    cls = EVENT_TYPES[kind]
+    return cls(**{name: row[name] for name in field_types(cls) if name != "schema"})
+
+
+def unfinished(lake: Lake, run_id: str) -> list[Event]:
+    """The run's valid tasks without a score, each followed by the rollouts the lake holds of it."""
+    of_run = (pl.col("run_id") == run_id) & (pl.col("producer") != "warm-start")
+    tasks = read_table(lake, silver("task")).filter(of_run & pl.col("valid")).unique("task_id", keep="first")
+    scored = read_table(lake, silver("batch")).filter(of_run)["task_ids"].explode()
+    tasks = tasks.filter(~pl.col("task_id").is_in(scored.implode())).sort("task_id")
+    rollouts = read_table(lake, silver("rollout")).filter(of_run & pl.col("task_id").is_in(tasks["task_id"].implode()))
+    by_task: dict[str, list[dict]] = {}
+    for row in rollouts.unique("rollout_id", keep="first").sort("rollout_id").iter_rows(named=True):
+        by_task.setdefault(row["task_id"], []).append(row)
+    events: list[Event] = []
+    for row in tasks.iter_rows(named=True):
+        events.append(event_of("task", row))
+        events += [event_of("rollout", r) for r in by_task.get(row["task_id"], [])]
+    return events
+
+
+def republish(lake: Lake, bootstrap: str, run_id: str) -> int:
+    """Send the run's unfinished work again when the broker is a new cluster; how many events were sent."""
+    if same_log(lake, bootstrap):
+        return 0
+    events = unfinished(lake, run_id)
+    with EventProducer(bootstrap, client_id="genenv-resume") as producer:
+        for event in events:
+            producer.send(event)
+    return len(events)

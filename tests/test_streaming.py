@@ -1,0 +1,238 @@
+"""Continuous streaming at scale: several workers per role in consumer groups, and workers that die and come back.
+
+Real broker (the local Tansu), real Delta lake, real GX suites, tiny real models; the runs are `genenv run
+--async` as a user starts it, and the kills are SIGKILLs of its worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import polars as pl
+import psutil
+import pytest
+from kafka import TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from conftest import ROOT, genenv_cli
+from demo_events import epoch_events, publish
+from lake import SCHEMAS, Lake, LeaseHeld, read_table, silver
+from lake.lease import LEASES, Lease
+from streams import HeldOffsets
+from trainers import registry
+
+
+def of_run(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.filter(pl.col("producer") != "warm-start")
+
+
+def assert_whole(lake: Lake, group_size: int) -> None:
+    """Every valid task has exactly group_size distinct rollouts, each with one reward, and one score; no checkpoint
+    version is registered twice."""
+    tasks = of_run(read_table(lake, silver("task"))).filter(pl.col("valid"))
+    rollouts = of_run(read_table(lake, silver("rollout")))
+    rewards = of_run(read_table(lake, silver("reward")))
+    batches = of_run(read_table(lake, silver("batch")))
+    assert tasks.height and tasks["task_id"].is_unique().all()
+    assert rollouts["rollout_id"].is_unique().all() and rewards["rollout_id"].is_unique().all()
+    per_task = dict(rollouts.group_by("task_id").len().iter_rows())
+    assert {t: per_task.get(t, 0) for t in tasks["task_id"]} == {t: group_size for t in tasks["task_id"]}
+    assert set(rewards["rollout_id"]) == set(rollouts["rollout_id"])
+    scored = batches["task_ids"].explode().to_list()
+    assert sorted(scored) == sorted(tasks["task_id"].to_list()), "every valid task scored exactly once"
+    for kind in ("agent", "env"):
+        versions = registry(lake, kind)["version"]
+        assert versions.is_unique().all()
+
+
+def test_held_offsets_commit_below_the_first_message_whose_work_is_pending():
+    class Message:
+        def __init__(self, topic, partition, offset):
+            self.topic, self.partition, self.offset = topic, partition, offset
+
+    held = HeldOffsets()
+    tasks, rollouts = TopicPartition("genenv.tasks", 0), TopicPartition("genenv.rollouts", 0)
+    held.hold(Message("genenv.tasks", 0, 5), "t1")
+    held.seen(Message("genenv.tasks", 0, 6))
+    held.hold(Message("genenv.rollouts", 0, 10), "t1")
+    held.hold(Message("genenv.rollouts", 0, 11), "t2")
+    assert held.to_commit() == {tasks: OffsetAndMetadata(5, "", -1), rollouts: OffsetAndMetadata(10, "", -1)}
+    held.committed(held.to_commit())
+    assert held.to_commit() == {}, "nothing moved since"
+    held.release("t1")
+    assert held.to_commit() == {tasks: OffsetAndMetadata(7, "", -1), rollouts: OffsetAndMetadata(11, "", -1)}
+    held.release("t2")
+    assert held.to_commit()[rollouts].offset == 12
+    held.forget([tasks, rollouts])
+    assert held.to_commit() == {}
+
+
+def test_two_rollout_and_two_reward_workers_share_the_work_once(tmp_path):
+    root = tmp_path / "lake"
+    result = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--profile", "quick", "--async", "--lake", str(root),
+                             "--seed", "2", "--set", "rollout_workers=2", "--set", "reward_workers=2"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    lake = Lake(root, create=False)
+    assert_whole(lake, group_size=4)
+    rollouts = of_run(read_table(lake, silver("rollout")))
+    assert set(rollouts["producer"]) == {"rollout-0", "rollout-1"}, "both rollout workers did work"
+    rewards = of_run(read_table(lake, silver("reward")))
+    assert set(rewards["producer"]) <= {"reward-0", "reward-1"}
+
+
+def workers(run: subprocess.Popen, role: str) -> list[psutil.Process]:
+    """The run's live worker processes of a role (`genenv worker ROLE`, or `genenv ingest`)."""
+    found = []
+    for child in psutil.Process(run.pid).children(recursive=True):
+        try:
+            line = child.cmdline()
+        except psutil.Error:
+            continue
+        if "engine.cli" in line and (line[line.index("engine.cli") + 1:][:2] == ["worker", role]
+                                     or (role == "ingest" and "ingest" in line)):
+            found.append(child)
+    return found
+
+
+def test_workers_killed_mid_run_are_restarted_and_nothing_is_lost_or_doubled(tmp_path):
+    """SIGKILL one worker of each role in turn during an async quick run: the supervisor restarts it, the run
+    succeeds, each restart is in the lake and in the epoch's audit, and no task lacks or repeats any work."""
+    root = tmp_path / "lake"
+    run = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", "--profile", "quick", "--async", "--lake", str(root),
+                            "--seed", "3", "--epochs", "3"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    killed = []
+    try:
+        for role in ("rollout", "reward", "ingest", "train-agent", "simulator"):
+            deadline = time.monotonic() + 300
+            while not workers(run, role) and run.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+            time.sleep(4)  # into its work
+            for process in workers(run, role):
+                os.kill(process.pid, signal.SIGKILL)
+                killed.append(role)
+        out, _ = run.communicate(timeout=900)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, out[-4000:]
+    assert {"rollout", "reward", "ingest", "train-agent"} <= set(killed), (killed, out[-2000:])
+    lake = Lake(root, create=False)
+    assert_whole(lake, group_size=4)
+    restarts = read_table(lake, silver("restart"))
+    assert set(killed) <= set(restarts["role"]), restarts
+    assert (restarts["exit_code"] == -signal.SIGKILL).all()
+    epoch = int(restarts["epoch"][0])
+    audit = subprocess.run([sys.executable, "-m", "engine.cli", "audit", "epoch", str(epoch), "--lake", str(root), "--json"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert audit.returncode == 0 and "worker_restarts" in audit.stdout and restarts["worker"][0] in audit.stdout
+
+
+def test_a_lease_is_taken_by_one_owner_and_a_stale_view_cannot_take_it(lake):
+    from deltalake import DeltaTable
+
+    uri = lake.uri(LEASES)
+    first, second = Lease(uri, owner="first", ttl_s=60), Lease(uri, owner="second", ttl_s=60)
+    stale = DeltaTable(uri)  # what the second saw before the first took it
+    first.take()
+    with pytest.raises(LeaseHeld, match="held by first"):
+        second.take()
+    with pytest.raises(LeaseHeld, match="held by first"):
+        second._append(stale, time.time(), time.time() + 60)  # the commit at the version it read is refused
+    first.take()  # renewing one's own lease is taking it again
+    first.release()
+    second.take()
+    assert second.holder().owner == "second"
+    second.release()
+    far = Lease(uri, owner="ingest@another-host:1", ttl_s=1)  # a holder elsewhere: only its TTL frees the lake
+    far.take()
+    with pytest.raises(LeaseHeld, match="held by ingest@another-host:1"):
+        first.take()
+    time.sleep(1.1)
+    first.take()
+
+
+def test_a_second_ingestor_refuses_before_writing_and_takes_over_once_the_owner_is_gone(tmp_path, broker):
+    """The lease names a live owner; once it is SIGKILLed, a new ingestor on this host takes over at once (the
+    owner's process is gone) and lands everything exactly once."""
+    root = tmp_path / "lake"
+    owner = subprocess.Popen([sys.executable, "-m", "engine.cli", "ingest", "--lake", str(root), "--bootstrap",
+                              broker.bootstrap, "--lease-ttl", "4", "--max-batch-ms", "200"], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (root / LEASES).is_dir():
+            time.sleep(0.5)
+        lake = Lake(root, create=False)
+        while time.monotonic() < deadline and Lease(lake.uri(LEASES)).holder() is None:
+            time.sleep(0.5)
+        first = epoch_events("run-lease", 0)
+        publish(broker.bootstrap, first)
+        while time.monotonic() < deadline and read_table(lake, silver("task")).height < 4:
+            time.sleep(0.5)
+        before = {name: lake.version(name) for name in SCHEMAS if name != LEASES}
+        second = genenv_cli("ingest", "--lake", str(root), "--bootstrap", broker.bootstrap, "--idle-exit", "1",
+                            timeout=300)
+        assert second.returncode == 2, second.stderr
+        assert second.stderr.strip().count("\n") == 0 and "held by ingest@" in second.stderr, second.stderr
+        assert {name: lake.version(name) for name in SCHEMAS if name != LEASES} == before, "the refused one wrote"
+    finally:
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+    later = epoch_events("run-lease", 1)
+    publish(broker.bootstrap, later)  # while nobody ingests
+    taker = genenv_cli("ingest", "--lake", str(root), "--bootstrap", broker.bootstrap, "--idle-exit", "3",
+                       "--lease-ttl", "4", timeout=300)
+    assert taker.returncode == 0, taker.stderr[-2000:]
+    for kind in ("task", "rollout", "reward", "batch"):
+        landed = read_table(lake, silver(kind))
+        sent = [e for e in first + later if e.KIND == kind]
+        assert landed.height == len(sent) and set(landed["event_id"]) == {e.event_id for e in sent}, kind
+
+
+def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
+    """SIGKILL the run's embedded broker once the lake holds some of its rollouts: the run stops with one line
+    saying how to resume; `genenv run --async --resume` (a fresh broker) completes it, nothing is duplicated and
+    every task's audit is whole."""
+    root = tmp_path / "lake"
+    run = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", "--profile", "quick", "--async", "--lake", str(root),
+                            "--seed", "4", "--epochs", "3"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        deadline = time.monotonic() + 600
+        landed = 0
+        while time.monotonic() < deadline and run.poll() is None and not landed:
+            time.sleep(1)
+            try:
+                landed = of_run(read_table(Lake(root, create=False), silver("rollout"))).height
+            except Exception:  # noqa: BLE001 (the lake or its tables may not exist yet)
+                landed = 0
+        brokers = [p for p in psutil.Process(run.pid).children(recursive=True) if "tansu" in (p.name() or "")]
+        assert landed and brokers, "the run should have landed rollouts through its embedded broker"
+        for broker_process in brokers:
+            broker_process.kill()
+        out, err = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, out[-2000:] + err[-2000:]
+    line = [l for l in err.splitlines() if "--resume" in l]
+    assert line and "stopped answering" in line[0], err[-2000:]
+    run_id = line[0].split("--resume ")[1].split()[0]
+
+    resumed = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--async", "--resume", run_id, "--lake", str(root)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"resuming run {run_id}" in resumed.stdout
+    lake = Lake(root, create=False)
+    assert_whole(lake, group_size=4)
+    tasks = of_run(read_table(lake, silver("task"))).filter(pl.col("valid"))
+    for task_id in tasks["task_id"].to_list()[:3]:
+        audit = subprocess.run([sys.executable, "-m", "engine.cli", "audit", "task", task_id, "--lake", str(root), "--json"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert audit.returncode == 0 and len(__import__("json").loads(audit.stdout)["rollouts"]) == 4, audit.stdout[-2000:]
