@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from engine.supervised import supervisor_gone
 from lake import IngestConfig, Lake, LakeError, LeaseHeld, check_lake_root, quarantine_by_reason, status, versions
 from lake import ingest as run_ingest
 from streams import (
@@ -80,7 +81,7 @@ def ingest(
         def progress(stats):
             spinner.update(f"ingested {stats.records:,} records in {stats.steps} steps")
 
-        stats = run_ingest(lake_, servers, config, idle_exit_s=idle_exit, on_step=progress)
+        stats = run_ingest(lake_, servers, config, idle_exit_s=idle_exit, on_step=progress, stop=supervisor_gone)
     console.print(stats.summary())
 
 
@@ -153,12 +154,12 @@ def run(
     config: Annotated[Optional[Path], typer.Option("--config", help="A TOML file with any of the options (see `genenv config`).")] = None,
     domain: Annotated[Optional[str], typer.Option(help="arith, toolcall or qa.")] = None,
     mode: Annotated[Optional[str], typer.Option(help="genenv, genenv-random, genenv-static or seeds-only.")] = None,
-    epochs: Annotated[Optional[int], typer.Option(help="Epochs to run.")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Epochs to run (0 with --async: until stopped by SIGTERM or Ctrl-C).")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed of the run.")] = None,
     set_: Annotated[list[str], typer.Option("--set", help="Any option as name=value or section.name=value (sections: curriculum, agent, env); repeatable.")] = [],
     report: Annotated[Optional[Path], typer.Option(help="Report folder (default: <lake>/reports/<run id>).")] = None,
     streaming: Annotated[bool, typer.Option("--async", help="Async mode: one worker process per role instead of the sync loop.")] = False,
-    resume: Annotated[Optional[str], typer.Option("--resume", help="Continue this async run from what its lake holds, with its recorded config (a lost broker's events are sent again from the lake).")] = None,
+    resume: Annotated[Optional[str], typer.Option("--resume", help="Continue this run from what its lake holds, with its recorded config (with --async if it was an async run; a lost broker's events are sent again from the lake).")] = None,
 ) -> None:
     """The main job: co-evolve the agent and the simulator, everything through Kafka and the lake, then write a report.
 
@@ -169,13 +170,13 @@ def run(
     flags = [f"{name}={value}" for name, value in (("domain", domain), ("mode", mode), ("epochs", epochs), ("seed", seed))
              if value is not None]
     if resume is not None:
-        if not streaming:
-            raise UserError("--resume continues async runs (add --async); a sync run cannot be resumed yet")
         if config is not None or flags or set_:
             raise UserError("--resume continues a run with its recorded config: drop --config, --set and the option flags")
     try:
         cfg = (load_config(profile, config, flags + list(set_)) if resume is None
                else recorded_run_config(str(Lake(lake, create=False).root), resume))
+        if cfg.epochs == 0 and not streaming:
+            raise ValueError("epochs = 0 (until stopped) is for async runs: add --async")
         check_machine(cfg)  # the device, and vLLM where it is asked for: before the broker, the lake or a model
         check_plan(cfg)
     except ValueError as exc:
@@ -197,7 +198,9 @@ def run(
         else:
             with LakeWriter(lake_, servers) as writer:
                 engine = CoEvolution(cfg, lake_, writer, say=console.print, phase=phase)
-                metrics = engine.run()
+                metrics = engine.resume() if resume else engine.run()
+        if resume:
+            metrics = metrics_from_lake(lake_, engine.run_id)  # every epoch, the ones before the resume too
     folder = report or Path(lake_.root) / "reports" / engine.run_id
     page = write_report(folder, engine.run_id, cfg, metrics, engine.initial_accuracy, lake_.root)
     summary = Table(title=f"run {engine.run_id}")
@@ -322,7 +325,7 @@ def worker(
         raise UserError(str(exc)) from None
     lake_ = Lake(lake, create=False)
     with kafka_bootstrap(bootstrap) as servers:
-        role_worker(role, cfg, lake_, servers, run_id, say=console.print).run(stop=lambda: False)
+        role_worker(role, cfg, lake_, servers, run_id, say=console.print).run(stop=supervisor_gone)
 
 
 @app.command()

@@ -17,6 +17,7 @@ from .events import (
     content_digest,
     decode,
     event_class,
+    event_of,
     payload_of,
 )
 from .kafka import ALL_TOPICS, DEFAULT_PARTITIONS, EventProducer, assigned_consumer, cluster_id, ensure_topics, group_consumer
@@ -26,5 +27,5 @@ __all__ = [
     "ALL_TOPICS", "BOOTSTRAP_ENV", "DEFAULT_PARTITIONS", "EVENT_TYPES", "KIND_OF_TOPIC", "SCHEMA_VERSION", "TOPICS",
     "BatchScored", "BrokerError", "CheckpointPublished", "Event", "EventDecodeError", "EventProducer", "HeldOffsets", "LocalBroker",
     "RewardScored", "RolloutCompleted", "TaskGenerated", "WorkerRestarted", "assigned_consumer", "cluster_id", "configured_bootstrap", "content_digest",
-    "decode", "ensure_topics", "event_class", "group_consumer", "kafka_bootstrap", "payload_of", "require_broker",
+    "decode", "ensure_topics", "event_class", "event_of", "group_consumer", "kafka_bootstrap", "payload_of", "require_broker",
 ]

@@ -135,6 +135,7 @@ class LocalBroker:
              "--storage-engine", "memory://tansu/",
              "--cluster-id", self.cluster_id, "--silent"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the command, which stops the broker last
         )
         _live_brokers.add(self)
         deadline = time.monotonic() + self.startup_timeout_s

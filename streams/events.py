@@ -195,6 +195,12 @@ TOPICS: dict[str, str] = {kind: cls.TOPIC for kind, cls in EVENT_TYPES.items()}
 KIND_OF_TOPIC: dict[str, str] = {topic: kind for kind, topic in TOPICS.items()}
 
 
+def event_of(kind: str, fields: dict[str, Any]) -> Event:
+    """The event of a kind from its fields (a silver row: the same event, the same event_id)."""
+    cls = EVENT_TYPES[kind]
+    return cls(**{name: fields[name] for name in field_types(cls) if name != "schema"})
+
+
 # -- the contract (docs/EVENTS.md) ---------------------------------------------------------------------
 # Every rule is checked here, once, before any other code sees the payload; the lake's expectation suites
 # check only content (ranges, value sets, lengths, references), on values whose types this guarantees.

@@ -6,6 +6,7 @@ Real broker (the local Tansu), real Delta lake, real GX suites, tiny real models
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -235,4 +236,80 @@ def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
     for task_id in tasks["task_id"].to_list()[:3]:
         audit = subprocess.run([sys.executable, "-m", "engine.cli", "audit", "task", task_id, "--lake", str(root), "--json"],
                                cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert audit.returncode == 0 and len(__import__("json").loads(audit.stdout)["rollouts"]) == 4, audit.stdout[-2000:]
+        assert audit.returncode == 0 and len(json.loads(audit.stdout)["rollouts"]) == 4, audit.stdout[-2000:]
+
+
+def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
+    """SIGKILL a sync run (and its embedded broker) just after its first GRPO checkpoint is registered; `genenv run
+    --resume` finishes it: every epoch is in the lake, every valid task has its rollouts and one score, and the
+    report covers every epoch."""
+    root = tmp_path / "lake"
+    run = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", "--profile", "quick", "--lake", str(root),
+                            "--seed", "5", "--epochs", "3"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        deadline = time.monotonic() + 600
+        trained = False
+        while time.monotonic() < deadline and run.poll() is None and not trained:
+            time.sleep(0.5)
+            try:
+                rows = registry(Lake(root, create=False), "agent")
+                trained = any(not json.loads(m)["warm_start"] for m in rows["metrics_json"])
+            except Exception:  # noqa: BLE001 (the lake or its tables may not exist yet)
+                trained = False
+        assert trained and run.poll() is None, "the run should be alive with one GRPO update made"
+        family = [run.pid] + [p.pid for p in psutil.Process(run.pid).children(recursive=True)]
+        for pid in family:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        run.wait()
+    (config,) = (root / "runs").glob("*.toml")
+    run_id = config.stem
+    resumed = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--resume", run_id, "--lake", str(root)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"resuming run {run_id} after epoch" in resumed.stdout
+    lake = Lake(root, create=False)
+    assert_whole(lake, group_size=4)
+    assert set(of_run(read_table(lake, silver("task")))["epoch"]) == {0, 1, 2}
+    report = json.loads((root / "reports" / run_id / "metrics.json").read_text())
+    assert [m["epoch"] for m in report["epochs"]] == [0, 1, 2]
+
+
+def test_a_run_without_an_epoch_limit_stops_cleanly_on_sigterm(tmp_path):
+    """seeds-only, so that every round has valid tasks to train on (the tiny simulator's are mostly invalid)."""
+    root = tmp_path / "lake"
+    run = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", "--profile", "quick", "--async", "--lake", str(root),
+                            "--seed", "6", "--epochs", "0", "--mode", "seeds-only"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        deadline = time.monotonic() + 600
+        updates = 0
+        while time.monotonic() < deadline and run.poll() is None and updates < 2:
+            time.sleep(1)
+            try:
+                rows = registry(Lake(root, create=False), "agent")
+                updates = sum(not json.loads(m)["warm_start"] for m in rows["metrics_json"])
+            except Exception:  # noqa: BLE001 (the lake or its tables may not exist yet)
+                updates = 0
+        assert updates >= 2 and run.poll() is None, "an unbounded run goes past its second update"
+        run.send_signal(signal.SIGTERM)
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            for process in [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]:
+                process.kill()
+    assert run.returncode == 0, out[-2000:] + err[-2000:]
+    assert "stopping run" in out and "report:" in out
+    lake = Lake(root, create=False)
+    rollouts = of_run(read_table(lake, silver("rollout")))
+    assert rollouts["rollout_id"].is_unique().all() and (rollouts.group_by("task_id").len()["len"] <= 4).all()
+    assert of_run(read_table(lake, silver("reward")))["rollout_id"].is_unique().all()
+    assert registry(lake, "agent")["version"].is_unique().all()
+    def on_this_lake(process) -> bool:
+        try:
+            return str(root) in " ".join(process.cmdline())
+        except psutil.Error:
+            return False
+
+    assert not [p for p in psutil.process_iter() if on_this_lake(p)], "every worker stopped with the run"

@@ -34,7 +34,7 @@ MODES = ("genenv", "genenv-random", "genenv-static", "seeds-only")
 class RunConfig:
     domain: str = "toolcall"  # the domain where a measured CPU run shows learning (README)
     mode: Literal["genenv", "genenv-random", "genenv-static", "seeds-only"] = "genenv"
-    epochs: int = 4
+    epochs: int = 4  # 0: until stopped (async runs only; SIGTERM or Ctrl-C stops them cleanly)
     tasks_per_epoch: int = 8  # simulator generations per epoch
     batch_size: int = 4  # tasks per curriculum batch (granularity "batch")
     group_size: int = 4  # rollouts per task (G)
@@ -77,7 +77,9 @@ class RunConfig:
             check_run_id(self.run_id)
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        for name in ("epochs", "tasks_per_epoch", "batch_size", "group_size", "agent_max_new_tokens",
+        if self.epochs < 0:
+            raise ValueError(f"epochs must be >= 0 (0: until stopped, async only), got {self.epochs}")
+        for name in ("tasks_per_epoch", "batch_size", "group_size", "agent_max_new_tokens",
                      "env_max_new_tokens", "generation_batch_size", "max_generation_attempts", "validation_size", "warm_start_tasks",
                      "warm_start_epochs", "rollout_workers", "reward_workers"):
             if getattr(self, name) < 1:

@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 from lake import Lake
 from streams import BatchScored, CheckpointPublished, RewardScored, RolloutCompleted, TaskGenerated
 from trainers import (
-    CheckpointRecord, OptimizerCarry, Precision, SamplingConfig, TransformersBackend, VLLMBackend, load_checkpoint, load_published, render_prompt,
-    sample_seed, train_update,
+    CheckpointRecord, OptimizerCarry, Precision, SamplingConfig, TransformersBackend, VLLMBackend, load_checkpoint, load_published, registry,
+    render_prompt, sample_seed, train_update,
 )
 from trainers.update import SEED_VERSION
 
-from ..domains import Domain, Invalid, Task, Verdict, performance_summary, task_to_json
+from ..domains import Domain, Invalid, Task, Verdict, performance_summary, task_from_row, task_to_json
 from .config import RunConfig
 from .curriculum import score_groups
 from .progress import Tick
@@ -43,6 +43,31 @@ class GeneratedTask:
     parsed: Task | Invalid
     env_version: str
     epoch: int  # the epoch it was generated in
+
+
+def task_of(event) -> Task | Invalid:
+    """The task a TaskGenerated carries. Its JSON fields are a producer's text: one that does not parse makes the
+    task invalid, never stops the worker (the ingestor keeps the event; docs/EVENTS.md)."""
+    if not event.valid:
+        return Invalid(event.invalid_reason or "")
+    try:
+        return task_from_row(event.to_dict())
+    except (ValueError, RecursionError, TypeError, KeyError) as exc:
+        return Invalid(f"unreadable task fields: {exc.__class__.__name__}")
+
+
+def generated_task(event) -> GeneratedTask:
+    return GeneratedTask(event.task_id, event.batch_id, event.sim_prompt, event.raw_generation, task_of(event),
+                         event.env_model_version, event.epoch)
+
+
+def run_version(lake: Lake, kind: str, run_id: str, first: bool = False) -> int:
+    """The newest checkpoint of this run (first: its oldest, the warm start); 0 (the base model) when it has none."""
+    rows = registry(lake, kind)
+    rows = rows.filter(rows["run_id"] == run_id)
+    if not rows.height:
+        return 0
+    return int(rows["version"].min() if first else rows["version"].max())
 
 
 def _quiet(done: int, total: int) -> None:

@@ -25,21 +25,24 @@ the version the ingest just produced, and the models are reloaded from their che
 from __future__ import annotations
 
 import functools
+import json
 import random
 import statistics
 import time
 import uuid
 from dataclasses import dataclass, field, replace
 
-from lake import Lake
-from streams import RewardScored, RolloutCompleted
-from trainers import RWRConfig, TrainError
+import polars as pl
+
+from lake import Lake, read_table, silver
+from streams import RewardScored, RolloutCompleted, event_of
+from trainers import RWRConfig, TrainError, registry
 from trainers.update import SEED_VERSION
 
 from ..domains import Task, get_domain
 from .config import RunConfig, record_run_config
 from .progress import Phase, Say, no_phase
-from .roles import GeneratedTask, Rollouts, Scorer, Simulator, Updater
+from .roles import GeneratedTask, Rollouts, Scorer, Simulator, Updater, generated_task, run_version
 from .writer import LakeWriter
 
 
@@ -85,6 +88,7 @@ class CoEvolution:
         self.initial_accuracy = float("nan")
         self.warm_started = start_from  # (agent, env) versions after the warm start
         self.validated = float("nan")  # the newest agent checkpoint's validation accuracy
+        self.landed: dict[int, list[GeneratedTask]] = {}  # a resumed run's epochs whose tasks the lake holds
 
     @functools.cached_property
     def validation(self) -> list[Task]:
@@ -103,6 +107,36 @@ class CoEvolution:
         self.initial_accuracy = self.validate()
         self.say(f"validation accuracy before training: {self.initial_accuracy:.3f}")
         for epoch in range(self.config.epochs):
+            self.metrics.append(self.epoch(epoch))
+        return self.metrics
+
+    def resume(self) -> list[EpochMetrics]:
+        """Continue this run (its run id) from what its lake holds, after the process or its broker died.
+
+        An epoch whose every valid task is scored is done. If the last done epoch's updates are missing (the run
+        died while training), they are made now. The epochs after it run as usual, except that an epoch whose
+        tasks already landed takes them from the lake rather than writing new ones under the same ids; its
+        rollouts and scores are made again, and where some had landed the lake keeps those (same ids). Returns the
+        metrics of the epochs run here (the report reads every epoch's from the lake)."""
+        cfg = self.config
+        tasks, done = landed_epochs(self.lake, self.run_id)
+        self.rollouts.load(self.lake, run_version(self.lake, "agent", self.run_id, first=True))
+        self.initial_accuracy = self.validate()
+        self.load(run_version(self.lake, "agent", self.run_id), run_version(self.lake, "env", self.run_id))
+        last = max(done, default=-1)
+        if last >= 0:
+            trained = {kind: {row["epoch"] for row in registry(self.lake, kind).filter(pl.col("run_id") == self.run_id)
+                              .iter_rows(named=True) if not json.loads(row["metrics_json"]).get("warm_start")}
+                       for kind in ("agent", "env")}
+            updates: dict[str, str] = {}
+            agent = self.train("agent", epoch=last, note=updates) if last not in trained["agent"] else None
+            env = self.train("env", epoch=last, note=updates) if cfg.mode == "genenv" and last not in trained["env"] else None
+            self.load(agent or self.rollouts.version, env or self.simulator.version)
+            self.history = [(tasks[last][r["task_id"]].parsed.difficulty, r["success"]) for r in
+                            landed_rewards(self.lake, self.run_id, last) if r["task_id"] in tasks[last]]
+        self.say(f"resuming run {self.run_id} after epoch {last}: agent v{self.rollouts.version}, env v{self.simulator.version}")
+        self.landed = {epoch: list(by_id.values()) for epoch, by_id in tasks.items() if epoch > last}
+        for epoch in range(last + 1, cfg.epochs):
             self.metrics.append(self.epoch(epoch))
         return self.metrics
 
@@ -165,7 +199,10 @@ class CoEvolution:
             seconds[phase] = round(now - clock, 2)
             clock = now
 
-        published, valid = self.simulator.tasks_for(epoch, self.history, progress_for=self.phase)
+        if epoch in self.landed:  # a resumed run's epoch whose tasks are in the lake already
+            published, valid = [], self.landed[epoch]
+        else:
+            published, valid = self.simulator.tasks_for(epoch, self.history, progress_for=self.phase)
         events = [self.simulator.event(t) for t in published]
         lap("tasks")
         with self.phase(f"epoch {epoch}: rollouts") as tick:
@@ -233,3 +270,22 @@ class CoEvolution:
         if note is not None:
             note[kind] = f"v{record.version} on {record.metrics['rows']} rows"
         return record.version
+
+
+def landed_epochs(lake: Lake, run_id: str) -> tuple[dict[int, dict[str, GeneratedTask]], set[int]]:
+    """A run's valid tasks in the lake by epoch (task id -> task, in generation order), and the epochs whose
+    every valid task is scored."""
+    of_run = (pl.col("run_id") == run_id) & (pl.col("producer") != "warm-start")
+    rows = read_table(lake, silver("task")).filter(of_run & pl.col("valid")).unique("task_id", keep="first")
+    scored = set(read_table(lake, silver("batch")).filter(of_run)["task_ids"].explode().to_list())
+    index = pl.col("task_id").str.extract(r"-t(\d+)$").cast(pl.Int64)
+    tasks: dict[int, dict[str, GeneratedTask]] = {}
+    for row in rows.sort(["epoch", index]).iter_rows(named=True):
+        tasks.setdefault(row["epoch"], {})[row["task_id"]] = generated_task(event_of("task", row))
+    done = {epoch for epoch, by_id in tasks.items() if set(by_id) <= scored}
+    return tasks, done
+
+
+def landed_rewards(lake: Lake, run_id: str, epoch: int) -> list[dict]:
+    of_epoch = (pl.col("run_id") == run_id) & (pl.col("epoch") == epoch) & (pl.col("producer") != "warm-start")
+    return read_table(lake, silver("reward")).filter(of_epoch).unique("rollout_id", keep="first").sort("rollout_id").to_dicts()

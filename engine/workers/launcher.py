@@ -5,7 +5,8 @@ run as separate services (`genenv worker ROLE` and `genenv ingest`, see docker-c
 `rollout_workers` and `reward_workers` processes of those roles, restarts a worker that dies
 (supervisor.py), waits until the agent trainer has made `epochs` updates and the simulator has written
 `epochs` rounds, stops the other workers, lets the ingestor catch up with the log, and stops it. It
-reports success only when the lake holds the whole run (`missing_work`).
+reports success only when the lake holds the whole run (`missing_work`). With `epochs = 0` it runs
+until SIGTERM or Ctrl-C, then stops the same way; what was cut short is redone by `--resume`.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import polars as pl
 
 from lake import VALIDATIONS, Lake, lag, read_table, silver
 from streams.broker import broker_answers
-from trainers import manifest, new_rows, registry, select_update_rows
+from trainers import manifest, new_rows, select_update_rows
 
-from ..coevolution import CoEvolution, LakeWriter, RunConfig, to_toml
+from ..coevolution import CoEvolution, LakeWriter, RunConfig, run_version, to_toml
 from .resume import republish
 from .supervisor import Supervisor
-from .worker import ROLES, run_progress, run_version
+from .worker import ROLES, run_progress
 
 BROKER_CHECK_S = 10.0  # how often the launcher asks whether the broker still answers
 
@@ -39,7 +40,7 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
     training is measured again on the run's first agent checkpoint."""
     if resume:
         engine = CoEvolution(config, lake, None, say, run_id=config.run_id, phase=phase)
-        engine.rollouts.load(lake, _first_version(lake, "agent", config.run_id))
+        engine.rollouts.load(lake, run_version(lake, "agent", config.run_id, first=True))
         engine.initial_accuracy = engine.validate()
         sent = republish(lake, bootstrap, engine.run_id)
         say(f"resuming run {engine.run_id}: " + (f"{sent} events of unfinished tasks sent again from the lake"
@@ -66,7 +67,7 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
             supervisor.start(name, role, ["worker", role, *common, "--run-id", run_id, "--config", f.name])
     # Named after the run: its lease owner, so a restarted ingestor takes its own lease back at once.
     supervisor.start(f"ingest-{run_id}", "ingest", ["ingest", *common, "--max-batch-ms", "500"])
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + (timeout_s if config.epochs else float("inf"))  # epochs 0: until stopped
     resume_line = f"genenv run --async --resume {run_id} --lake {lake.root}"
 
     def wait(until, what: str) -> None:
@@ -82,28 +83,30 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
                                          f"`{resume_line}` (against a new broker the lake re-sends what it lost)")
             time.sleep(1.0)
 
+    stopped = False
     try:
-        # The simulator has written every round; then every valid task gets scored, and the agent trainer
-        # either makes its last update or has trained on everything the pool holds.
-        wait(lambda: supervisor.finished("simulator"), "the simulator did not write its rounds")
-        wait(lambda: lag(lake, bootstrap) == 0 and not _unscored_tasks(lake, run_id), "rewards did not land")
-        wait(lambda: supervisor.finished("train-agent") or _agent_caught_up(lake, run_id, config),
-             "the agent trainer did not catch up")
-        supervisor.stop("rollout", "reward", "train-agent", "train-env")
+        try:
+            # The simulator has written every round; then every valid task gets scored, and the agent trainer
+            # either makes its last update or has trained on everything the pool holds.
+            wait(lambda: supervisor.finished("simulator"), "the simulator did not write its rounds")
+            wait(lambda: lag(lake, bootstrap) == 0 and not _unscored_tasks(lake, run_id), "rewards did not land")
+            wait(lambda: supervisor.finished("train-agent") or _agent_caught_up(lake, run_id, config),
+                 "the agent trainer did not catch up")
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (the CLI makes it an exit): a clean stop
+            stopped = True
+            say(f"stopping run {run_id}: the workers stop now and the ingestor lands what they published; "
+                f"work cut short is done again by `{resume_line}`")
+        supervisor.stop("simulator", "rollout", "reward", "train-agent", "train-env")
         wait(lambda: lag(lake, bootstrap) == 0 and not _still_refining(lake), "the ingestor did not catch up")
     finally:
         supervisor.close()
         Path(f.name).unlink(missing_ok=True)
     missing = missing_work(lake, run_id, config)
-    if missing:
+    if missing and not stopped:
         raise RunInterrupted(f"async run {run_id}: the lake lacks {'; '.join(missing)}; continue it with `{resume_line}`")
+    if stopped:
+        say(f"run {run_id} stopped" + (f"; unfinished: {'; '.join(missing)}" if missing else ""))
     return engine
-
-
-def _first_version(lake: Lake, kind: str, run_id: str) -> int:
-    """The run's first checkpoint of a kind (its warm start), or 0 (the base model)."""
-    rows = registry(lake, kind).filter(pl.col("run_id") == run_id)
-    return int(rows["version"].min()) if rows.height else 0
 
 
 def missing_work(lake: Lake, run_id: str, config: RunConfig) -> list[str]:

@@ -22,20 +22,13 @@ from __future__ import annotations
 import polars as pl
 
 from lake import Lake, bronze, read_table, silver
-from streams import TOPICS, EventProducer, cluster_id
-from streams.events import EVENT_TYPES, Event, field_types
+from streams import TOPICS, Event, EventProducer, cluster_id, event_of
 
 
 def same_log(lake: Lake, bootstrap: str) -> bool:
     """The broker is the cluster the lake has been ingesting from (its log survived)."""
     clusters = read_table(lake, bronze(TOPICS["task"]))["kafka_cluster"].unique().to_list()
     return cluster_id(bootstrap) in clusters
-
-
-def event_of(kind: str, row: dict) -> Event:
-    """A silver row as the event it was (same fields, same event id)."""
-    cls = EVENT_TYPES[kind]
-    return cls(**{name: row[name] for name in field_types(cls) if name != "schema"})
 
 
 def unfinished(lake: Lake, run_id: str) -> list[Event]:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streams import EventProducer, WorkerRestarted
+
+from ..supervised import SUPERVISOR_PID
 from streams.broker import terminate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,8 +47,11 @@ class Managed:
     stopped: bool = False
 
     def start(self) -> None:
-        env = {**os.environ, "GENENV_WORKER_NAME": self.name}
-        self.process = subprocess.Popen([sys.executable, "-m", "engine.cli", *self.args], cwd=ROOT, env=env)
+        env = {**os.environ, "GENENV_WORKER_NAME": self.name, SUPERVISOR_PID: str(os.getpid())}
+        # Its own session: a Ctrl-C at the terminal reaches the launcher alone, which then stops the workers in
+        # order (the ingestor last, once it has landed what the others published).
+        self.process = subprocess.Popen([sys.executable, "-m", "engine.cli", *self.args], cwd=ROOT, env=env,
+                                        start_new_session=True)
         self.restart_at = None
 
     @property

@@ -41,11 +41,13 @@ from kafka.errors import CommitFailedError, KafkaError
 
 from lake import Lake, read_table, silver
 from streams import EventProducer, HeldOffsets, decode, ensure_topics, group_consumer
-from trainers import TrainError, latest_version, manifest, registry
+from trainers import TrainError, latest_version, manifest
 from trainers.update import POOL_OF, new_rows
 
-from ..coevolution import GeneratedTask, RunConfig, Rollouts, Scorer, Simulator, Updater, record_run_config
-from ..domains import Invalid, Task, get_domain, task_from_row
+from ..coevolution import (
+    GeneratedTask, RunConfig, Rollouts, Scorer, Simulator, Updater, generated_task, record_run_config, run_version,
+)
+from ..domains import Invalid, get_domain
 
 IDLE_S = 5.0  # a trainer takes fewer rows than a batch's worth once the pool has not grown for this long
 RELOAD_S = 2.0  # how often a worker looks in the registry for a newer checkpoint of its kind
@@ -64,32 +66,9 @@ def run_event(message, run_id: str):
     return event if event.run_id == run_id and event.producer != "warm-start" else None
 
 
-def task_of(event) -> Task | Invalid:
-    """The task a TaskGenerated carries. Its JSON fields are a producer's text: one that does not parse makes the
-    task invalid, never stops the worker (the ingestor keeps the event; docs/EVENTS.md)."""
-    if not event.valid:
-        return Invalid(event.invalid_reason or "")
-    try:
-        return task_from_row(event.to_dict())
-    except (ValueError, RecursionError, TypeError, KeyError) as exc:
-        return Invalid(f"unreadable task fields: {exc.__class__.__name__}")
-
-
-def generated_task(event) -> GeneratedTask:
-    return GeneratedTask(event.task_id, event.batch_id, event.sim_prompt, event.raw_generation, task_of(event),
-                         event.env_model_version, event.epoch)
-
-
 def worker_name(role: str) -> str:
     """Who did a piece of work, as its events' `producer` says: GENENV_WORKER_NAME, else role@host:pid."""
     return os.environ.get("GENENV_WORKER_NAME") or f"{role}@{socket.gethostname()}:{os.getpid()}"
-
-
-def run_version(lake: Lake, kind: str, run_id: str) -> int:
-    """The newest checkpoint of this run (its warm start, for a fresh run); 0 when it has none."""
-    rows = registry(lake, kind)
-    rows = rows.filter(rows["run_id"] == run_id)
-    return int(rows["version"].max()) if rows.height else 0
 
 
 class Worker:
@@ -207,7 +186,8 @@ class SimulatorWorker(Worker):
         simulator = Simulator(cfg, self.domain, self.run_id)
         valid_in, _, _ = run_progress(self.lake, self.run_id)
         round_ = max(valid_in, default=-1) + 1
-        while round_ < cfg.epochs and not stop():
+        barren = 0  # rounds in a row without a valid task
+        while (cfg.epochs == 0 or round_ < cfg.epochs) and not stop():
             valid_now, scored, history = run_progress(self.lake, self.run_id)
             if round_ > 0 and scored.get(round_ - 1, 0) < valid_in.get(round_ - 1, valid_now.get(round_ - 1, 0)):
                 time.sleep(POLL_S)
@@ -220,6 +200,12 @@ class SimulatorWorker(Worker):
             self.publish([simulator.event(t, producer=self.name) for t in published])
             self.say(f"simulator: round {round_}: {len(valid)} valid tasks of {len(published)} written (env v{simulator.version})")
             round_ += 1
+            # Rounds without a valid task wait for nothing: without a pause an unbounded run would write them as
+            # fast as the simulator generates. Wait 2, 4, ... 60 s, for a new checkpoint to write better ones.
+            barren = 0 if valid or not published else barren + 1
+            until = time.monotonic() + (min(2.0 ** barren, 60.0) if barren and cfg.epochs == 0 else 0)
+            while time.monotonic() < until and not stop():
+                time.sleep(0.5)
 
 
 class RolloutWorker(Worker):
@@ -393,7 +379,7 @@ class TrainerWorker(Worker):
             validation = self.domain.validation_set(cfg.validation_size)
         minimum = cfg.batch_size * cfg.group_size if kind == "agent" else 1
         updates, last_count, last_change = 0, 0, time.monotonic()
-        while updates < cfg.epochs and not stop():
+        while (cfg.epochs == 0 or updates < cfg.epochs) and not stop():
             time.sleep(1.0)
             pool_version = self.lake.version(f"gold/{POOL_OF[kind]}")
             seen = manifest(self.lake, kind, parent)["pool_version"] if parent else None

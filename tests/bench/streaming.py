@@ -1,6 +1,9 @@
 """Benchmark: async runs with 1, 2 and 3 rollout workers (consumer group genenv-<run>-rollout), in the same process.
 
-    .venv/bin/python tests/bench/streaming.py [--workers 1 2 3] [--epochs 3] [--profile quick]
+    .venv/bin/python tests/bench/streaming.py [--workers 1 2 3] [--epochs 3] [--profile quick] [--set k=v ...]
+
+The default workload is the quick profile (tiny models) in seeds-only mode with 16 tasks an epoch, so every
+epoch has 16 valid tasks to roll out (the tiny simulator's own tasks are mostly invalid).
 
 Prints JSON, per worker count: tasks rolled out per minute of the workers' rollout phase (from the first to the
 last rollout produced), its ratio against 1 worker, and the pool's freshness: seconds from a RolloutCompleted
@@ -31,24 +34,21 @@ def freshness(lake) -> list[float]:
     import polars as pl
     from deltalake import DeltaTable
 
-    from lake import D_TRAIN
+    from lake import D_TRAIN, read_table, silver
 
-    table = DeltaTable(lake.uri(D_TRAIN))
-    committed = {entry["version"]: entry["timestamp"] / 1000 for entry in table.history()}
+    produced = dict(read_table(lake, silver("rollout")).filter(pl.col("producer") != "warm-start")
+                    .select("rollout_id", "produced_at").iter_rows())
+    committed = {entry["version"]: entry["timestamp"] / 1000 for entry in DeltaTable(lake.uri(D_TRAIN)).history()}
     seen: set[str] = set()
     delays = []
     for version in sorted(committed):
-        if version == 0:
-            continue
-        rows = pl.scan_delta(lake.uri(D_TRAIN), version=version).filter(pl.col("producer") != "warm-start")
-        rows = rows.select("rollout_id", "produced_at").collect()
-        new = rows.filter(~pl.col("rollout_id").is_in(list(seen)))
-        delays += [committed[version] - t for t in new["produced_at"].to_list()]
-        seen.update(new["rollout_id"].to_list())
+        ids = set(pl.scan_delta(lake.uri(D_TRAIN), version=version).select("rollout_id").collect()["rollout_id"])
+        delays += [committed[version] - produced[i] for i in ids - seen if i in produced]
+        seen |= ids
     return delays
 
 
-def run(workers: int, epochs: int, profile: str) -> dict:
+def run(workers: int, epochs: int, profile: str, overrides: list[str]) -> dict:
     import polars as pl
 
     from lake import Lake, read_table, silver
@@ -57,7 +57,8 @@ def run(workers: int, epochs: int, profile: str) -> dict:
         root = Path(tmp) / "lake"
         start = time.perf_counter()
         result = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--profile", profile, "--async", "--lake",
-                                 str(root), "--epochs", str(epochs), "--set", f"rollout_workers={workers}"],
+                                 str(root), "--epochs", str(epochs), "--set", f"rollout_workers={workers}",
+                                 *[a for o in overrides for a in ("--set", o)]],
                                 cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - start
         if result.returncode != 0:
@@ -82,12 +83,16 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--profile", default="quick")
+    parser.add_argument("--set", dest="overrides", action="append", default=None,
+                        help="a run option (default: mode=seeds-only, tasks_per_epoch=16)")
     args = parser.parse_args()
-    results = [run(n, args.epochs, args.profile) for n in args.workers]
+    overrides = args.overrides or ["mode=seeds-only", "tasks_per_epoch=16"]
+    results = [run(n, args.epochs, args.profile, overrides) for n in args.workers]
     base = results[0]["tasks_per_minute"]
     for r in results:
         r["scaling_vs_first"] = round(r["tasks_per_minute"] / base, 2) if base and r["tasks_per_minute"] else None
-    print(json.dumps({"benchmark": "streaming", "profile": args.profile, "epochs": args.epochs, "runs": results}, indent=2))
+    print(json.dumps({"benchmark": "streaming", "profile": args.profile, "epochs": args.epochs, "set": overrides,
+                      "runs": results}, indent=2))
 
 
 if __name__ == "__main__":
