@@ -107,6 +107,13 @@ def partitions_of(consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
     return [TopicPartition(topic, p) for p in sorted(parts)]
 
 
+def _consumer_options(bootstrap: str, client_id: str, group_id: str | None, max_poll_records: int) -> dict:
+    """What every genenv consumer shares: no auto-commit (progress is committed after the work, or kept in the
+    lake), the beginning of the log when nothing is committed, and the deployment's security settings."""
+    return dict(bootstrap_servers=bootstrap, client_id=client_id, group_id=group_id, enable_auto_commit=False,
+                auto_offset_reset="earliest", max_poll_records=max_poll_records, **security())
+
+
 def assigned_consumer(
     bootstrap: str,
     topics: Iterable[str],
@@ -115,15 +122,9 @@ def assigned_consumer(
 ) -> KafkaConsumer:
     """A consumer assigned every partition of `topics`, positioned at the beginning (seek to resume elsewhere)."""
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        client_id=client_id,
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        max_poll_records=max_poll_records,
+        **_consumer_options(bootstrap, client_id, None, max_poll_records),
         fetch_max_bytes=16 * 1024 * 1024,  # what the consumer buffers ahead of the ingestor
         max_partition_fetch_bytes=8 * 1024 * 1024,
-        **security(),
     )
     partitions = [tp for topic in topics for tp in partitions_of(consumer, topic)]
     consumer.assign(partitions)
@@ -142,17 +143,11 @@ def group_consumer(bootstrap: str, topics: Iterable[str], group_id: str, client_
     that, at the price of an eager rebalance (every member rejoins); otherwise the assignment is
     cooperative-sticky, so a member joining or leaving moves only the partitions that must move."""
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        client_id=client_id,
-        group_id=group_id,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        max_poll_records=max_poll_records,
+        **_consumer_options(bootstrap, client_id, group_id, max_poll_records),
         session_timeout_ms=10_000,
         heartbeat_interval_ms=1_000,
         max_poll_interval_ms=30 * 60_000,  # a rollout batch on a CPU takes minutes; a member is not dead for that
         partition_assignment_strategy=[RangePartitionAssignor if co_partitioned else CooperativeStickyAssignor],
-        **security(),
     )
     consumer.subscribe(list(topics), listener=listener)
     return consumer

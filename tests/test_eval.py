@@ -164,3 +164,25 @@ def test_a_registered_checkpoint_is_evaluated_by_version(quick_run, tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     results = read_table(Lake(copy, create=False), EVAL_RESULTS)
     assert results["model_version"][0].startswith("agent:v") and results["model"][0] == "agent:latest"
+
+
+def test_an_agent_answering_gibberish_wins_no_alfworld_game_and_games_below_a_symlink_are_found(tmp_path):
+    """A reply that names no admissible command costs the step ("Nothing happens."), as in ALFWorld itself: an
+    agent writing random letters wins none of the shipped games. The loader follows symlinked folders."""
+    import random
+
+    benchmark = BENCHMARKS["alfworld"]()
+    items = benchmark.load(DATA, None)
+    assert len(items) == 134
+    rng = random.Random(0)
+    gibberish = ScriptedAgent(lambda item_id, turn: "".join(rng.choice("abcdefghij klmnop") for _ in range(rng.randrange(3, 30))))
+    report = evaluate("alfworld", gibberish, benchmark=benchmark, items=items)
+    assert report.metrics["success"] == 0.0, [r.item_id for r in report.results if r.score]
+    assert all(r.response.startswith("(none: reply") for r in report.results)
+
+    linked = tmp_path / "data" / "alfworld"
+    linked.mkdir(parents=True)
+    first = sorted(p for p in (DATA / "alfworld").iterdir() if p.is_dir())[0]
+    (linked / first.name).symlink_to(first.resolve(), target_is_directory=True)
+    found = benchmark.load(tmp_path / "data", None)
+    assert found and all(first.name in item.data["path"] for item in found)

@@ -3,8 +3,10 @@
 Each game file (`game.tw-pddl`: a PDDL domain, grammar and problem) is started with `textworld.start` and
 ALFWorld's own wrappers (object names demangled as in ALFWorld's TextWorld env). Every turn the agent sees
 the task, its last few turns, the current observation and the admissible commands, and replies with one
-command. A reply that is not an admissible command is mapped to the closest one (difflib), as ALFWorld
-agents usually constrain their output to the admissible set; the transcript records both. A game is won
+command. A reply is taken as the admissible command it names, allowing for case, spacing and a near miss
+(difflib similarity at least MATCH_CUTOFF, which a typo or a trailing period reaches and unrelated text does
+not); any other reply costs the step and is answered "Nothing happens.", as ALFWorld's own environment
+answers a command it cannot execute. The transcript records the reply beside the command taken. A game is won
 when the env's `won` info turns true within 50 steps. Games are played in lockstep, a batch at a time, so
 each turn is one batched generation. Success is reported overall and per task type (the game folder's
 prefix: pick_and_place_simple, look_at_obj_in_light, pick_clean_then_place_in_recep, pick_heat_..., pick_cool_...,
@@ -15,11 +17,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from pathlib import Path
 
 from .base import Ask, Benchmark, DataMissing, Item, ItemResult, Progress, mean, per_category
 
 MAX_STEPS = 50
+MATCH_CUTOFF = 0.8  # difflib ratio from which a reply counts as the admissible command it resembles
+NOTHING = "Nothing happens."  # what ALFWorld answers a command it cannot execute
 HISTORY = 4  # turns of history shown each step
 BATCH_GAMES = 16  # games played at once (each holds a PDDL env in memory)
 SYSTEM = ("You are playing a household text game. Each turn, reply with exactly one command from the list of "
@@ -36,12 +41,13 @@ def textworld_modules():
     return textworld, AlfredDemangler, AlfredInfos
 
 
-def closest(command: str, admissible: list[str]) -> str:
-    text = command.strip().splitlines()[0].strip().lower() if command.strip() else ""
+def closest(command: str, admissible: list[str]) -> str | None:
+    """The admissible command a reply names (its first line, any case and spacing, or a near miss), else None."""
+    text = " ".join(command.strip().splitlines()[0].lower().split()) if command.strip() else ""
     if text in admissible:
         return text
-    match = difflib.get_close_matches(text, admissible, n=1, cutoff=0.0)
-    return match[0] if match else (admissible[0] if admissible else "look")
+    match = difflib.get_close_matches(text, admissible, n=1, cutoff=MATCH_CUTOFF)
+    return match[0] if match else None
 
 
 class Game:
@@ -69,6 +75,12 @@ class Game:
 
     def step(self, reply: str) -> None:
         command = closest(reply, self.admissible)
+        if command is None:  # not a command the game knows: the step is spent, the game unchanged
+            self.transcript.append(f"(none: reply {reply.strip()[:40]!r})")
+            self.observation = NOTHING
+            self.turns.append((reply.strip()[:80], NOTHING))
+            self.done = len(self.turns) >= MAX_STEPS
+            return
         state, _, done = self.env.step(command)
         self.transcript.append(command if command == reply.strip() else f"{command} (reply: {reply.strip()[:40]!r})")
         self.observation = state.feedback.strip()
@@ -85,11 +97,14 @@ class ALFWorld(Benchmark):
     name = "alfworld"
     source = "alfworld/**/game.tw-pddl (ALFWorld json_2.1.1 valid_unseen games); see data/README.md"
     headline = "success"
-    scoring = "won within 50 steps; a reply that is not admissible is mapped to the closest admissible command"
+    scoring = ("won within 50 steps; a reply that names no admissible command (difflib ratio < 0.8) costs the step: "
+               "\"Nothing happens.\"")
 
     def load(self, data: Path | None, limit: int | None) -> list[Item]:
         root = self.file(data, "alfworld")
-        paths = sorted(root.glob("**/game.tw-pddl"))
+        # os.walk, not Path.glob: games may sit below a symlinked folder, which glob's ** does not enter.
+        paths = sorted(Path(folder) / "game.tw-pddl" for folder, _, files in os.walk(root, followlinks=True)
+                       if "game.tw-pddl" in files)
         if not paths:
             raise DataMissing(f"{self.name}: no game.tw-pddl files under {root} ({self.source})")
         by_type: dict[str, list[Item]] = {}
