@@ -18,13 +18,16 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kafka.errors import KafkaError
+
 from streams import EventProducer, WorkerRestarted
+from streams.broker import terminate
 
 from ..supervised import SUPERVISOR_PID
-from streams.broker import terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_RESTARTS = 3
@@ -63,8 +66,8 @@ class Managed:
 class Supervisor:
     run_id: str
     bootstrap: str
-    epoch_now: callable  # () -> the epoch a restart is recorded under
-    say: callable = print
+    epoch_now: Callable[[], int]  # the epoch a restart is recorded under
+    say: Callable[[str], None] = print
     workers: dict[str, Managed] = field(default_factory=dict)
     _producer: EventProducer | None = None
 
@@ -97,10 +100,13 @@ class Supervisor:
                                         exit_code=code, restart=worker.restarts, producer="supervisor"))
 
     def record(self, event: WorkerRestarted) -> None:
-        if self._producer is None:
-            self._producer = EventProducer(self.bootstrap, client_id="genenv-supervisor")
-        self._producer.send(event)
-        self._producer.flush()
+        try:
+            if self._producer is None:
+                self._producer = EventProducer(self.bootstrap, client_id="genenv-supervisor")
+            self._producer.send(event)
+            self._producer.flush(timeout_s=10)
+        except KafkaError as exc:  # the broker is down: the restart still happens (the launcher notices the broker)
+            self.say(f"supervisor: could not record the restart of {event.worker}: {exc.__class__.__name__}")
 
     def finished(self, role: str) -> bool:
         """Every worker of the role has exited with code 0 (finite roles only)."""

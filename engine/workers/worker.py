@@ -1,9 +1,10 @@
-"""Async (streaming) mode: each co-evolution role wrapped in a long-running Kafka consumer loop; nobody waits for an epoch.
+"""Async (streaming) mode: each co-evolution role as a long-running worker; nobody waits for an epoch.
 
-    simulator    Simulator: tasks of round r, once round r-1's valid tasks are all scored (at most one round
-                 ahead); reloads its weights on CheckpointPublished(env)
-    rollout      Rollouts: group_size rollouts of every valid task with whatever agent it holds; reloads on
-                 CheckpointPublished(agent), so rollouts may come from an older agent than the trainer's
+    simulator    Simulator: tasks of round r, once the lake shows round r-1's valid tasks all scored (at most one
+                 round ahead); takes the run's newest simulator checkpoint from the registry before each round
+    rollout      Rollouts: group_size rollouts of every valid task of its partitions, with whatever agent it
+                 holds (the registry's newest, looked up every few seconds), so rollouts may come from an older
+                 agent than the trainer's
     reward       Scorer: checks every rollout, and scores each task with the curriculum once its group is
                  complete (streaming is always task granularity: a batch's membership is known only after its round)
     ingest       `genenv ingest`: the only writer of the lake
