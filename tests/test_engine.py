@@ -109,7 +109,7 @@ def test_config_layers_and_one_line_errors(tmp_path):
     config = load_config("quick", path, ["epochs=5", "agent.loss_type=dr_grpo"])
     assert (config.domain, config.epochs, config.agent_model, config.agent.beta, config.agent.loss_type,
             config.curriculum.k) == ("qa", 5, "tiny", 0.04, "dr_grpo", 0.2)
-    for sets, message in [(["epochs=0"], "epochs must be >= 1"), (["domain=chess"], "domain must be one of"),
+    for sets, message in [(["epochs=-1"], "epochs must be >= 0"), (["domain=chess"], "domain must be one of"),
                           (["agent.loss_type=ppo"], "agent.loss_type=ppo: expected one of grpo"), (["curriculum.alpha=2"], "alpha must be in"),
                           (["nope=1"], "no such option"), (["agent.nope=1"], "no such option"), (["group_size=1"], "group_size")]:
         with pytest.raises(ValueError, match=message):
@@ -146,7 +146,8 @@ def test_a_run_id_that_cannot_name_its_config_file_is_refused(run_id, tmp_path):
 
 def test_genenv_run_stops_on_a_bad_value_before_any_work(tmp_path):
     lake = tmp_path / "lake"
-    for args, message in [(["--epochs", "0"], "epochs must be >= 1"), (["--domain", "chess"], "domain must be one of"),
+    for args, message in [(["--epochs", "0"], "epochs = 0 (until stopped) is for async runs"),
+                          (["--epochs", "-1"], "epochs must be >= 0"), (["--domain", "chess"], "domain must be one of"),
                           (["--profile", "huge"], "profile must be one of"), (["--set", "agent.epsilon=-1"], "epsilon")]:
         result = genenv_cli("run", "--lake", str(lake), *args, timeout=120)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
