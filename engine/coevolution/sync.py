@@ -119,6 +119,9 @@ class CoEvolution:
         rollouts and scores are made again, and where some had landed the lake keeps those (same ids). Returns the
         metrics of the epochs run here (the report reads every epoch's from the lake)."""
         cfg = self.config
+        if cfg.warm_start and run_version(self.lake, "agent", self.run_id) == 0:  # it died before its warm start was in
+            self.load(0, 0)
+            self.warm_start()
         tasks, done = landed_epochs(self.lake, self.run_id)
         self.rollouts.load(self.lake, run_version(self.lake, "agent", self.run_id, first=True))
         self.initial_accuracy = self.validate()
@@ -273,15 +276,17 @@ class CoEvolution:
 
 
 def landed_epochs(lake: Lake, run_id: str) -> tuple[dict[int, dict[str, GeneratedTask]], set[int]]:
-    """A run's valid tasks in the lake by epoch (task id -> task, in generation order), and the epochs whose
-    every valid task is scored."""
+    """A run's valid tasks in the lake by epoch (task id -> task, in generation order; every epoch with any task,
+    valid or not), and the epochs whose every valid task is scored (an epoch of invalid tasks only is done)."""
     of_run = (pl.col("run_id") == run_id) & (pl.col("producer") != "warm-start")
-    rows = read_table(lake, silver("task")).filter(of_run & pl.col("valid")).unique("task_id", keep="first")
+    rows = read_table(lake, silver("task")).filter(of_run).unique("task_id", keep="first")
     scored = set(read_table(lake, silver("batch")).filter(of_run)["task_ids"].explode().to_list())
     index = pl.col("task_id").str.extract(r"-t(\d+)$").cast(pl.Int64)
     tasks: dict[int, dict[str, GeneratedTask]] = {}
     for row in rows.sort(["epoch", index]).iter_rows(named=True):
-        tasks.setdefault(row["epoch"], {})[row["task_id"]] = generated_task(event_of("task", row))
+        by_id = tasks.setdefault(row["epoch"], {})
+        if row["valid"]:
+            by_id[row["task_id"]] = generated_task(event_of("task", row))
     done = {epoch for epoch, by_id in tasks.items() if set(by_id) <= scored}
     return tasks, done
 
