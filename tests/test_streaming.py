@@ -73,9 +73,12 @@ def test_held_offsets_commit_below_the_first_message_whose_work_is_pending():
 
 
 def test_two_rollout_and_two_reward_workers_share_the_work_once(tmp_path):
+    """seeds-only with 16 tasks an epoch, so that every round has tasks on every partition (the tiny simulator's own
+    tasks are mostly invalid: with 4 of them one worker may get them all)."""
     root = tmp_path / "lake"
     result = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--profile", "quick", "--async", "--lake", str(root),
-                             "--seed", "2", "--set", "rollout_workers=2", "--set", "reward_workers=2"],
+                             "--seed", "2", "--epochs", "3", "--mode", "seeds-only", "--set", "tasks_per_epoch=16",
+                             "--set", "rollout_workers=2", "--set", "reward_workers=2"],
                             cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     lake = Lake(root, create=False)
