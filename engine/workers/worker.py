@@ -235,9 +235,11 @@ class RolloutWorker(Worker):
         if not tasks:
             return tasks
         ids = [t.task_id for t in tasks]
-        rows = read_table(self.lake, silver("rollout")).filter(pl.col("task_id").is_in(ids) & (pl.col("run_id") == self.run_id))
-        done = {t for t, n in rows.group_by("task_id").agg(pl.col("rollout_id").n_unique()).iter_rows()
-                if n >= self.config.group_size}
+        # Every poll asks this: scan only the two id columns of the batch's tasks, not the whole table's texts.
+        counts = (pl.scan_delta(self.lake.uri(silver("rollout")))
+                  .filter((pl.col("run_id") == self.run_id) & pl.col("task_id").is_in(ids))
+                  .group_by("task_id").agg(pl.col("rollout_id").n_unique()).collect())
+        done = {t for t, n in counts.iter_rows() if n >= self.config.group_size}
         return [t for t in tasks if t.task_id not in done]
 
 
