@@ -18,7 +18,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from engine.supervised import supervisor_gone
-from lake import IngestConfig, Lake, LakeError, LeaseHeld, check_lake_root, quarantine_by_reason, status, versions
+from lake import (
+    IngestConfig, Lake, LakeError, LeaseHeld, StorageError, check_lake_root, quarantine_by_reason, status, versions,
+)
 from lake import ingest as run_ingest
 from streams import (
     BOOTSTRAP_ENV, BrokerError, LocalBroker, configured_bootstrap, ensure_topics, kafka_bootstrap, require_broker,
@@ -35,7 +37,7 @@ app.add_typer(audit_app, name="audit")
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
 
-LakeOpt = Annotated[Path, typer.Option("--lake", help="Lake root directory.")]
+LakeOpt = Annotated[str, typer.Option("--lake", help="Lake root: a directory, or s3://bucket/prefix (storage options from AWS_* variables).")]
 BootstrapOpt = Annotated[Optional[str], typer.Option(
     "--bootstrap", help=f"Kafka bootstrap servers; default ${BOOTSTRAP_ENV}, else a local broker for the run.")]
 
@@ -58,7 +60,7 @@ def broker(port: Annotated[int, typer.Option(help="Port on 127.0.0.1 (0: a free 
 
 @app.command()
 def ingest(
-    lake: LakeOpt = Path("genenv-lake"),
+    lake: LakeOpt = "genenv-lake",
     bootstrap: BootstrapOpt = None,
     idle_exit: Annotated[Optional[float], typer.Option(help="Stop after this many idle seconds (default: run forever).")] = None,
     max_batch_records: Annotated[int, typer.Option(help="Records per micro-batch at most.")] = 20_000,
@@ -87,7 +89,7 @@ def ingest(
 
 @lake_app.command("prune")
 def lake_prune(
-    lake: LakeOpt = Path("genenv-lake"),
+    lake: LakeOpt = "genenv-lake",
     keep_last: Annotated[int, typer.Option(help="Versions of each kind kept, newest first.")] = 3,
     keep_every: Annotated[int, typer.Option(help="Also keep every K-th version (0: none).")] = 0,
     apply: Annotated[bool, typer.Option("--apply", help="Delete the folders; without it, only say what would go.")] = False,
@@ -116,7 +118,7 @@ def lake_prune(
 
 
 @lake_app.command("status")
-def lake_status(lake: LakeOpt = Path("genenv-lake")) -> None:
+def lake_status(lake: LakeOpt = "genenv-lake") -> None:
     """Each table with its version and row count, and the quarantine by reason."""
     lake_ = Lake(lake, create=False)
     table = Table(title=f"lake {lake_.root}")
@@ -136,7 +138,7 @@ def lake_status(lake: LakeOpt = Path("genenv-lake")) -> None:
 
 
 @lake_app.command("versions")
-def lake_versions(table: str, lake: LakeOpt = Path("genenv-lake")) -> None:
+def lake_versions(table: str, lake: LakeOpt = "genenv-lake") -> None:
     """The versions of one table with their commit metadata."""
     out = Table(title=table)
     for column in ("version", "time", "operation", "metadata"):
@@ -148,7 +150,7 @@ def lake_versions(table: str, lake: LakeOpt = Path("genenv-lake")) -> None:
 
 @app.command()
 def run(
-    lake: LakeOpt = Path("genenv-lake"),
+    lake: LakeOpt = "genenv-lake",
     bootstrap: BootstrapOpt = None,
     profile: Annotated[str, typer.Option(help="quick (tiny models, ~1 min), default (smollm2-135m on CPU), paper (GPU settings).")] = "default",
     config: Annotated[Optional[Path], typer.Option("--config", help="A TOML file with any of the options (see `genenv config`).")] = None,
@@ -174,7 +176,7 @@ def run(
             raise UserError("--resume continues a run with its recorded config: drop --config, --set and the option flags")
     try:
         cfg = (load_config(profile, config, flags + list(set_)) if resume is None
-               else recorded_run_config(str(Lake(lake, create=False).root), resume))
+               else recorded_run_config(Lake(lake, create=False), resume))
         if cfg.epochs == 0 and not streaming:
             raise ValueError("epochs = 0 (until stopped) is for async runs: add --async")
         check_machine(cfg)  # the device, and vLLM where it is asked for: before the broker, the lake or a model
@@ -201,8 +203,12 @@ def run(
                 metrics = engine.resume() if resume else engine.run()
         if resume:
             metrics = metrics_from_lake(lake_, engine.run_id)  # every epoch, the ones before the resume too
-    folder = report or Path(lake_.root) / "reports" / engine.run_id
-    page = write_report(folder, engine.run_id, cfg, metrics, engine.initial_accuracy, lake_.root)
+    relative = f"reports/{engine.run_id}"
+    page = write_report(report or lake_.files.local(relative), engine.run_id, cfg, metrics, engine.initial_accuracy,
+                        lake_.root)
+    if report is None and lake_.files.remote:
+        lake_.files.upload_folder(relative)
+        console.print(f"report uploaded to {lake_.root}/{relative}")
     summary = Table(title=f"run {engine.run_id}")
     for column in ("epoch", "agent v", "env v", "valid", "agent success", "in band", "validation acc"):
         summary.add_column(column, justify="right")
@@ -271,7 +277,7 @@ def _has_cuda() -> bool:
 def ablation(
     domain: Annotated[str, typer.Option(help="arith, toolcall or qa.")] = "toolcall",
     seeds: Annotated[int, typer.Option(help="Seeds per mode.")] = 3,
-    lake: LakeOpt = Path("genenv-ablation-lake"),
+    lake: LakeOpt = "genenv-ablation-lake",
     bootstrap: BootstrapOpt = None,
     profile: Annotated[str, typer.Option(help="Profile the runs start from.")] = "default",
     config: Annotated[Optional[Path], typer.Option("--config", help="A TOML file with the runs' options.")] = None,
@@ -289,8 +295,12 @@ def ablation(
     check_lake_root(lake)
     with kafka_bootstrap(bootstrap) as servers, _phases() as phase:
         lake_ = Lake(lake)
-        folder = out or Path(lake_.root) / "reports" / f"ablation-{cfg.domain}"
+        relative = f"reports/ablation-{cfg.domain}"
+        folder = out or lake_.files.local(relative)
         table = run_ablation(cfg, seeds, lake_, servers, folder, say=console.print, phase=phase)
+        if out is None and lake_.files.remote:
+            lake_.files.upload_folder(relative)
+            console.print(f"ablation report uploaded to {lake_.root}/{relative}")
     summary = Table(title=f"ablation: {cfg.domain}, {seeds} seeds")
     for column in ("mode", "final validation (mean ± sd)", "gain", "in band"):
         summary.add_column(column)
@@ -305,7 +315,7 @@ def ablation(
 def worker(
     role: Annotated[str, typer.Argument(help="simulator, rollout, reward, train-agent or train-env (the ingest worker is `genenv ingest`).")],
     run_id: Annotated[str, typer.Option(help="The run this worker serves.")],
-    lake: LakeOpt = Path("genenv-lake"),
+    lake: LakeOpt = "genenv-lake",
     bootstrap: BootstrapOpt = None,
     profile: Annotated[str, typer.Option(help="Profile the options start from.")] = "default",
     config: Annotated[Optional[Path], typer.Option("--config", help="A TOML file with the run's options.")] = None,
@@ -331,7 +341,7 @@ def worker(
 @app.command()
 def train(
     kind: Annotated[str, typer.Argument(help="agent (GRPO on gold/d_train) or env (RWR on gold/d_env).")],
-    lake: LakeOpt = Path("genenv-lake"),
+    lake: LakeOpt = "genenv-lake",
     pool_version: Annotated[Optional[int], typer.Option(help="Delta version of the pool to train on (default: the latest).")] = None,
     parent: Annotated[Optional[int], typer.Option(help="Checkpoint version to start from (default: the newest; 0: the base model).")] = None,
     model: Annotated[Optional[str], typer.Option(help="Base model when no checkpoint exists yet (a built-in name, path or hub id).")] = None,
@@ -394,7 +404,7 @@ def train(
 
 @app.command()
 def ui(
-    lake: LakeOpt = Path("genenv-lake"),
+    lake: LakeOpt = "genenv-lake",
     host: Annotated[str, typer.Option(help="Address to listen on (keep 127.0.0.1 unless you mean to share it).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8765,
 ) -> None:
@@ -417,7 +427,7 @@ def eval_(
     model: Annotated[str, typer.Option(help="A built-in model name, folder, GGUF file or hub id, or a registered checkpoint: agent:vN, agent:latest.")],
     limit: Annotated[Optional[int], typer.Option(help="Items per benchmark at most (BFCL: per category; ALFWorld: games, every task type sampled).")] = None,
     data: Annotated[Optional[Path], typer.Option(help="Folder holding api-bank/, bamboogle/, alfworld/, travelplanner/ (default: the repository's data/; BFCL's data comes with bfcl-eval).")] = None,
-    lake: LakeOpt = Path("genenv-lake"),
+    lake: LakeOpt = "genenv-lake",
     batch_size: Annotated[int, typer.Option(help="Prompts generated at once.")] = 16,
 ) -> None:
     """Evaluate a model or checkpoint offline on the GenEnv paper's benchmarks; results go to the lake's
@@ -497,7 +507,7 @@ def _show(answer: dict, as_json: bool, title: str) -> None:
 
 @audit_app.command("task")
 def audit_task(task_id: Annotated[str, typer.Argument(help="A task id (see `genenv audit epoch`).")],
-               lake: LakeOpt = Path("genenv-lake"), as_json: JsonOpt = False) -> None:
+               lake: LakeOpt = "genenv-lake", as_json: JsonOpt = False) -> None:
     """The whole life of one task: prompt and generation, validation, rollouts with rewards, its batch's
     p_hat and R_env, the pool versions that hold it, the checkpoints trained on them."""
     from engine.lineage import audit_task as audit
@@ -508,7 +518,7 @@ def audit_task(task_id: Annotated[str, typer.Argument(help="A task id (see `gene
 @audit_app.command("checkpoint")
 def audit_checkpoint(kind: Annotated[str, typer.Argument(help="agent or env.")],
                      version: Annotated[int, typer.Argument(help="Registered version.")],
-                     lake: LakeOpt = Path("genenv-lake"), as_json: JsonOpt = False) -> None:
+                     lake: LakeOpt = "genenv-lake", as_json: JsonOpt = False) -> None:
     """A checkpoint's parents back to the base model, the pool rows each update trained on, its metrics."""
     from engine.lineage import audit_checkpoint as audit
 
@@ -517,7 +527,7 @@ def audit_checkpoint(kind: Annotated[str, typer.Argument(help="agent or env.")],
 
 @audit_app.command("epoch")
 def audit_epoch(epoch: Annotated[int, typer.Argument(help="Epoch number (0 includes the warm start).")],
-                lake: LakeOpt = Path("genenv-lake"), run: RunOpt = None, as_json: JsonOpt = False) -> None:
+                lake: LakeOpt = "genenv-lake", run: RunOpt = None, as_json: JsonOpt = False) -> None:
     """One epoch of a run: tasks, valid share, quarantine by reason, agent success, share in band, checkpoints,
     and the workers the supervisor restarted."""
     from engine.lineage import audit_epoch as audit
@@ -529,7 +539,7 @@ def audit_epoch(epoch: Annotated[int, typer.Argument(help="Epoch number (0 inclu
 @app.command()
 def replay(
     epoch: Annotated[int, typer.Option("--epoch", help="The epoch to replay (0 includes the warm start).")],
-    lake: LakeOpt = Path("genenv-lake"),
+    lake: LakeOpt = "genenv-lake",
     run: RunOpt = None,
     rescore: Annotated[bool, typer.Option("--rescore", help="Also re-run the domain checker and report the rewards, p_hat values and filter decisions that would change.")] = False,
     scratch: Annotated[Optional[Path], typer.Option(help="Keep the rebuilt lake in this (new) folder (default: a temporary folder, removed).")] = None,
@@ -632,7 +642,7 @@ def main() -> None:
 
     try:
         app()
-    except (UserError, LakeError, LeaseHeld, BrokerError) as exc:
+    except (UserError, LakeError, LeaseHeld, BrokerError, StorageError) as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(2)
     except (KafkaError, DeltaError) as exc:  # the broker or the storage failed mid-command

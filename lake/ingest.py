@@ -41,7 +41,7 @@ from datetime import datetime, timezone
 
 import polars as pl
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, Transaction
 
 from streams.events import EVENT_TYPES, content_digest, field_types
 from streams.kafka import ALL_TOPICS, assigned_consumer, cluster_id, ensure_topics, partitions_of
@@ -94,7 +94,7 @@ class CommitRecord:
     @classmethod
     def read(cls, lake: Lake) -> "CommitRecord":
         """The commit record of the last complete refine step (an empty one before the first)."""
-        for commit in DeltaTable(lake.uri(VALIDATIONS)).history():
+        for commit in lake.delta(VALIDATIONS).history():
             raw = commit.get(COMMIT_RECORD_KEY)
             if raw:
                 return cls.from_json(raw)
@@ -103,7 +103,7 @@ class CommitRecord:
     @classmethod
     def history(cls, lake: Lake) -> list["CommitRecord"]:
         """Every complete refine step's commit record, oldest first."""
-        raws = [c.get(COMMIT_RECORD_KEY) for c in DeltaTable(lake.uri(VALIDATIONS)).history()]
+        raws = [c.get(COMMIT_RECORD_KEY) for c in lake.delta(VALIDATIONS).history()]
         return sorted((cls.from_json(raw) for raw in raws if raw), key=lambda r: r.seq)
 
 
@@ -130,7 +130,7 @@ class IngestStats:
 
 def stored_offsets(lake: Lake, cluster: str, topic: str, partitions: list[int]) -> dict[int, int]:
     """Last offset of each partition of this cluster that bronze holds, from its app transactions."""
-    table = DeltaTable(lake.uri(bronze(topic)))
+    table = lake.delta(bronze(topic))
     offsets = {}
     for p in partitions:
         version = table.transaction_version(app_id(cluster, topic, p))
@@ -159,7 +159,7 @@ class Ingestor:
     def start(self) -> "Ingestor":
         """Take the lake's ingest lease (LeaseHeld, before anything is written, when another ingestor holds it),
         recover, and position the consumer after what bronze holds."""
-        self.lease = Lease(self.lake.uri(LEASES), ttl_s=self.config.lease_ttl_s)
+        self.lease = Lease(self.lake.uri(LEASES), self.lake.storage_options, ttl_s=self.config.lease_ttl_s)
         self.lease.take()
         ensure_topics(self.bootstrap, self.config.partitions, self.config.topics)
         self.recover()
@@ -185,7 +185,7 @@ class Ingestor:
         self.record = record
         state = RefineState.load(self.lake, record.watermark)
         self.refiner = Refiner(state, self._runner, self.config.max_wait_s, self.config.max_pending,
-                               landed_digests=self._landed_digests, checkpoint_root=self.checkpoints_of.root)
+                               landed_digests=self._landed_digests, checkpoint_files=self.checkpoints_of.files)
         gap = self._bronze_past_watermark(record.watermark)
         if gap:
             log.info("refining %d bronze records past the watermark", len(gap))
@@ -198,13 +198,13 @@ class Ingestor:
             return {}
         fields = list(field_types(EVENT_TYPES[kind]))
         with self.stats.timed("duplicate lookups"):
-            rows = pl.scan_delta(self.lake.uri(silver(kind))).filter(pl.col("event_id").is_in(event_ids)).select(fields)
+            rows = self.lake.scan(silver(kind)).filter(pl.col("event_id").is_in(event_ids)).select(fields)
             return {row["event_id"]: content_digest(row) for row in rows.collect().iter_rows(named=True)}
 
     def _bronze_past_watermark(self, watermark: Watermark) -> list[RawRecord]:
         records = []
         for topic in self.config.topics:
-            rows = pl.scan_delta(self.lake.uri(bronze(topic))).filter(~refined(watermark.get(topic, {}))).collect()
+            rows = self.lake.scan(bronze(topic)).filter(~refined(watermark.get(topic, {}))).collect()
             rows = rows.sort(["kafka_cluster", "kafka_partition", "kafka_offset"])
             records.extend(bronze_record(row) for row in rows.iter_rows(named=True))
         return records

@@ -74,15 +74,17 @@ class Holder:
 
 
 class Lease:
-    def __init__(self, uri: str, name: str = "ingest", owner: str | None = None, ttl_s: float = TTL_S):
+    def __init__(self, uri: str, storage_options: dict[str, str] | None = None, name: str = "ingest",
+                 owner: str | None = None, ttl_s: float = TTL_S):
         if ttl_s <= 0:
             raise ValueError(f"a lease's ttl must be > 0 s, got {ttl_s}")
         self.uri, self.name, self.owner, self.ttl_s = uri, name, owner or default_owner(), ttl_s
+        self.storage_options = storage_options or {}
         self.renewed_at = 0.0
 
     def holder(self, table: DeltaTable | None = None) -> Holder | None:
         """Who holds the lease now (None: nobody, or it expired)."""
-        table = table or DeltaTable(self.uri)
+        table = table or self._table()
         rows = pl.from_arrow(table.to_pyarrow_table()).filter(pl.col("name") == self.name)
         if rows.is_empty():
             return None
@@ -93,7 +95,7 @@ class Lease:
 
     def take(self) -> None:
         """Take the lease (or renew it, when ours); LeaseHeld when someone else holds it."""
-        table = DeltaTable(self.uri)
+        table = self._table()
         holder = self.holder(table)
         if holder is not None and holder.owner != self.owner:
             raise LeaseHeld(self._held_message(holder))
@@ -108,10 +110,13 @@ class Lease:
 
     def release(self) -> None:
         """Give the lease up (it expires now), if it is still ours."""
-        table = DeltaTable(self.uri)
+        table = self._table()
         holder = self.holder(table)
         if holder is not None and holder.owner == self.owner:
             self._append(table, time.time(), time.time())
+
+    def _table(self) -> DeltaTable:
+        return DeltaTable(self.uri, storage_options=self.storage_options)
 
     def _append(self, table: DeltaTable, taken_at: float, expires_at: float) -> None:
         row = pa.table({"name": [self.name], "owner": [self.owner], "seq": [table.version() + 1],

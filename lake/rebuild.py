@@ -48,7 +48,7 @@ def rebuild_to(source: Lake, scratch: Lake, watermark: Watermark, run_id: str | 
         wanted = refined(watermark.get(topic, {})) & ~refined(done.get(topic, {}))
         if run_id is not None:
             wanted &= pl.col("value").cast(pl.String, strict=False).str.json_path_match("$.run_id") == run_id
-        rows = pl.scan_delta(source.uri(bronze(topic))).filter(wanted).collect()
+        rows = source.scan(bronze(topic)).filter(wanted).collect()
         if rows.height:
             scratch.append(bronze(topic), rows.sort(["kafka_cluster", "kafka_partition", "kafka_offset"]).to_arrow())
     # Refines what bronze holds past the watermark, as after a crash; checkpoint events are checked against the

@@ -40,6 +40,7 @@ from streams.events import (
 
 from .expectations import MAX_ID_CHARS, REFERS_TO_TASK, SuiteRunner
 from .registry import registry_refusal
+from .storage import LakeFiles
 from .tables import CHECKPOINTS, D_ENV, D_TRAIN, QUARANTINE, SCHEMAS, VALIDATIONS, Lake, silver
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ class RefineState:
         state = cls()
 
         def scan(table: str) -> pl.LazyFrame:
-            return pl.scan_delta(lake.uri(table))
+            return lake.scan(table)
 
         def frame(table: str, columns: list[str]) -> pl.DataFrame:
             return scan(table).select(columns).collect()
@@ -243,13 +244,13 @@ def d_env_row(task: dict, batch: dict) -> dict:
 class Refiner:
     def __init__(self, state: RefineState, runner: SuiteRunner | None = None, max_wait_s: float = 30.0,
                  max_pending: int = 100_000, landed_digests: LandedDigests | None = None,
-                 checkpoint_root: str | None = None):
+                 checkpoint_files: LakeFiles | None = None):
         self.state = state
         self.runner = runner or SuiteRunner()
         self.max_wait_s = max_wait_s
         self.max_pending = max_pending
         self.landed_digests = landed_digests or (lambda kind, ids: {})
-        self.checkpoint_root = checkpoint_root  # the lake whose checkpoints/ folder a CheckpointPublished must name
+        self.checkpoint_files = checkpoint_files  # the lake whose checkpoints/ folder a CheckpointPublished must name
 
     # -- entry points -------------------------------------------------------------------------
     def refine(self, records: list[RawRecord], now: float, seq: int) -> RefineOutput:
@@ -390,9 +391,9 @@ class Refiner:
         if (event.model_kind, event.version) in self.state.registered:
             return ("registry_version_taken",
                     f"registry_version_taken: {event.model_kind} v{event.version} is already registered")
-        if self.checkpoint_root is None:
+        if self.checkpoint_files is None:
             return "registry_files", "registry_files: this ingestor has no lake to find checkpoints in"
-        return registry_refusal(self.checkpoint_root, event.model_kind, event.version, event.path, event.sha256)
+        return registry_refusal(self.checkpoint_files, event.model_kind, event.version, event.path, event.sha256)
 
     @staticmethod
     def _arrow_proof(kind: str, landing: list[Parsed], out: RefineOutput, counts: Counter) -> list[dict]:

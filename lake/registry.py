@@ -24,6 +24,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from .storage import LakeFiles
+
 CHECKPOINTS_DIR = "checkpoints"
 WEIGHTS = "model.safetensors"
 WEIGHTS_MANIFEST = "weights.sha256"  # the shards' sha256s, in sha256sum's format
@@ -89,14 +91,13 @@ def weights_refusal(folder: Path, sha256: str) -> str | None:
     return None
 
 
-def registry_refusal(root: str, model_kind: str, version: int, path: str, sha256: str) -> tuple[str, str] | None:
-    """Why a checkpoint event may not be registered in the lake at `root` ((check, reason)), or None."""
+def registry_refusal(files: LakeFiles, model_kind: str, version: int, path: str, sha256: str) -> tuple[str, str] | None:
+    """Why a checkpoint event may not be registered in the lake whose files are `files` ((check, reason)), or None.
+    On a remote lake the folder is fetched into the cache to be hashed (and is then ready for whoever loads it)."""
     expected = checkpoint_path(model_kind, version)
     if path != expected:
         return "registry_path", f"registry_path: path {path!r:.80} is not the lake-relative {expected}"
-    if "://" in root:
-        return "registry_files", f"registry_files: checkpoints live under a local lake root, not {root}"
-    folder = Path(root) / expected
+    folder = files.fetch_folder(expected, lambda cached: weights_refusal(cached, sha256) is None)
     if not (folder / WEIGHTS).is_file() and not (folder / WEIGHTS_MANIFEST).is_file():
         return "registry_files", f"registry_files: the lake holds no {expected}/{WEIGHTS} (or {WEIGHTS_MANIFEST})"
     if weights_refusal(folder, sha256):

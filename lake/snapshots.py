@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import polars as pl
-from deltalake import DeltaTable
 
 from .ingest import COMMIT_RECORD_KEY
 from .tables import POOLS, QUARANTINE, SCHEMAS, Lake, LakeError
@@ -30,7 +29,7 @@ class TableVersion:
 def read_table(lake: Lake, table: str, version: int | None = None) -> pl.DataFrame:
     """A table as a Polars frame, at `version` (default: the latest)."""
     dt = lake.table(table, version)
-    return pl.scan_delta(dt.table_uri, version=dt.version()).collect()
+    return lake.scan(table, version=dt.version()).collect()
 
 
 def read_pool(lake: Lake, pool: str, version: int | None = None) -> pl.DataFrame:
@@ -61,12 +60,13 @@ def status(lake: Lake) -> list[dict]:
     """Each table with its version and row count; the quarantine also by reason."""
     rows = []
     for name in sorted(SCHEMAS):
-        dt = DeltaTable(lake.uri(name))
-        rows.append({"table": name, "version": dt.version(), "rows": pl.scan_delta(lake.uri(name)).select(pl.len()).collect().item()})
+        dt = lake.delta(name)
+        rows.append({"table": name, "version": dt.version(),
+                     "rows": lake.scan(name, version=dt.version()).select(pl.len()).collect().item()})
     return rows
 
 
 def quarantine_by_reason(lake: Lake) -> Counter:
     """Quarantined rows counted by the first check they failed (decode errors: the check, not the message)."""
-    checks = pl.scan_delta(lake.uri(QUARANTINE)).select(pl.col("failed_checks").list.first()).collect()
+    checks = lake.scan(QUARANTINE).select(pl.col("failed_checks").list.first()).collect()
     return Counter(checks["failed_checks"].to_list())

@@ -9,6 +9,9 @@
     <root>/registry/checkpoints    every model version with its lineage
     <root>/eval/results, eval/items  offline benchmark results (genenv eval), per metric and per item
 
+Beside the tables, a lake holds whole files: checkpoints/, runs/ (each run's configuration) and reports/, on a
+local disk or in an s3:// bucket (lake/storage.py).
+
 Every table is created up front with its schema, so each has a version from
 the start and readers never meet a missing table.
 """
@@ -21,12 +24,14 @@ import types
 import typing
 from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from streams.events import EVENT_TYPES, TOPICS, field_types
 
 from .lease import LEASES, LEASES_SCHEMA
+from .storage import LakeFiles, StorageError, check_remote_root, first_line, storage_options
 
 # Where a record came from. Offsets are only meaningful within one Kafka cluster (a fresh local
 # broker starts every log at 0 again), so the cluster id is part of every record's coordinates.
@@ -214,9 +219,14 @@ class LakeError(RuntimeError):
 
 
 def check_lake_root(root: str | Path) -> None:
-    """LakeError (one line) for a local lake root that cannot be a directory: it is a file, or a file stands where a
-    folder above it should be. Nothing is created (a command checks this before any work starts)."""
+    """LakeError (one line) for a lake root that cannot be one: a remote scheme genenv does not support, or a local
+    path that is a file, or has a file where a folder above it should be. Nothing is created (a command checks
+    this before any work starts)."""
     if "://" in str(root):
+        try:
+            check_remote_root(str(root))
+        except StorageError as exc:
+            raise LakeError(str(exc)) from None
         return
     path = Path(root)
     if path.exists() and not path.is_dir():
@@ -227,17 +237,22 @@ def check_lake_root(root: str | Path) -> None:
 
 
 class Lake:
-    """A lake root (a local directory here; any delta-rs URI in deployment)."""
+    """A lake root: a local directory, or s3://bucket/prefix with its storage options from the environment
+    (lake/storage.py). `delta` and `scan` open its tables with those options; `files` holds everything else."""
 
     def __init__(self, root: str | Path, create: bool = True):
-        self.root = str(root)
+        self.root = str(root).rstrip("/")
         self._writers: dict[str, DeltaTable] = {}
         check_lake_root(self.root)
+        self.storage_options = storage_options()
         if "://" not in self.root:
             path = Path(self.root)
             if not create and not (path / "silver").is_dir():
                 raise LakeError(f"no lake at {path} (run `genenv ingest --lake {path}` or `genenv run` first)")
             self.root = str(path.resolve())
+        self.files = LakeFiles(self.root, self.storage_options)
+        if "://" in self.root and not create and not self.exists(silver("task")):
+            raise LakeError(f"no lake at {self.root} (run `genenv ingest --lake {self.root}` or `genenv run` first)")
         if create:
             self.ensure()
         else:
@@ -247,25 +262,42 @@ class Lake:
     def uri(self, table: str) -> str:
         return f"{self.root}/{table}"
 
+    def exists(self, table: str) -> bool:
+        try:
+            return DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options)
+        except Exception as exc:  # noqa: BLE001 (an unreachable endpoint, refused credentials: one line)
+            raise LakeError(f"cannot reach the lake at {self.root}: {first_line(exc)}") from None
+
+    def delta(self, table: str, version: int | None = None) -> DeltaTable:
+        """A table's delta-rs handle (at `version`, default the latest), opened with the lake's storage options."""
+        return DeltaTable(self.uri(table), version=version, storage_options=self.storage_options)
+
+    def scan(self, table: str, version: int | None = None) -> pl.LazyFrame:
+        """A table as a Polars lazy frame (at `version`), opened with the lake's storage options."""
+        return pl.scan_delta(self.uri(table), version=version, storage_options=self.storage_options or None)
+
     def ensure(self) -> None:
-        """Create the tables that do not exist yet; LakeError (one line) when the storage refuses."""
+        """Create the tables that do not exist yet, and check a remote lake's files are writable; LakeError (one
+        line) when the storage refuses."""
         try:
             if "://" not in self.root:
                 Path(self.root).mkdir(parents=True, exist_ok=True)
             for name, schema in SCHEMAS.items():
-                if not DeltaTable.is_deltatable(self.uri(name)):
-                    DeltaTable.create(self.uri(name), schema, mode="ignore", name=name.replace("/", "_"))
+                if not self.exists(name):
+                    DeltaTable.create(self.uri(name), schema, mode="ignore", name=name.replace("/", "_"),
+                                      storage_options=self.storage_options)
+            self.files.check_writable()
+        except LakeError:
+            raise
         except Exception as exc:  # noqa: BLE001 (OSError, DeltaError, ...: whatever the storage said, in one line)
-            message = (getattr(exc, "strerror", None) or str(exc)).strip().splitlines()
-            raise LakeError(f"cannot create a lake at {self.root}: {message[0] if message else exc.__class__.__name__}") from None
+            raise LakeError(f"cannot create a lake at {self.root}: {getattr(exc, 'strerror', None) or first_line(exc)}") from None
 
     def table(self, name: str, version: int | None = None) -> DeltaTable:
         if name not in SCHEMAS:
             raise LakeError(f"unknown table {name!r}; tables: {', '.join(sorted(SCHEMAS))}")
-        uri = self.uri(name)
-        if not DeltaTable.is_deltatable(uri):
+        if not self.exists(name):
             raise LakeError(f"table {name} does not exist under {self.root}")
-        dt = DeltaTable(uri)
+        dt = self.delta(name)
         if version is not None:
             if version < 0 or version > dt.version():
                 raise LakeError(f"{name} has no version {version} (latest is {dt.version()})")
@@ -274,13 +306,13 @@ class Lake:
 
     def append(self, name: str, rows: pa.Table, commit_properties=None) -> int:
         """Append rows (cast to the table's schema) and return the new version."""
-        handle = self._writers.get(name) or self._writers.setdefault(name, DeltaTable(self.uri(name)))
+        handle = self._writers.get(name) or self._writers.setdefault(name, self.delta(name))
         write_deltalake(handle, rows.cast(SCHEMAS[name]), mode="append", commit_properties=commit_properties)
         return handle.version()
 
     def version(self, name: str) -> int:
-        return DeltaTable(self.uri(name)).version()
+        return self.delta(name).version()
 
     def restore(self, name: str, version: int) -> None:
         self._writers.pop(name, None)
-        DeltaTable(self.uri(name)).restore(version)
+        self.delta(name).restore(version)

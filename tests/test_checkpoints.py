@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lake import WEIGHTS, WEIGHTS_MANIFEST, checkpoint_path, registry_refusal, weight_files
+from lake import WEIGHTS, WEIGHTS_MANIFEST, LakeFiles, checkpoint_path, registry_refusal, weight_files
 from trainers import CheckpointError, load_model, load_verified
 from trainers.checkpoints import save_checkpoint
 
@@ -43,11 +43,11 @@ def test_a_changed_byte_in_a_shard_or_the_manifest_is_refused_naming_the_file(sh
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=shard.name):
         load_verified(folder, sha)
-    refusal = registry_refusal(str(tmp_path), "agent", 1, checkpoint_path("agent", 1), sha)
+    refusal = registry_refusal(LakeFiles(str(tmp_path), {}), "agent", 1, checkpoint_path("agent", 1), sha)
     assert refusal is not None and refusal[0] == "registry_sha256"
     data[-1] ^= 0x01
     shard.write_bytes(bytes(data))
-    assert registry_refusal(str(tmp_path), "agent", 1, checkpoint_path("agent", 1), sha) is None
+    assert registry_refusal(LakeFiles(str(tmp_path), {}), "agent", 1, checkpoint_path("agent", 1), sha) is None
     manifest = folder / WEIGHTS_MANIFEST
     manifest.write_text(manifest.read_text().replace("  ", "   ", 1))
     with pytest.raises(CheckpointError, match=WEIGHTS_MANIFEST):

@@ -140,7 +140,7 @@ def test_a_run_id_that_cannot_name_its_config_file_is_refused(run_id, tmp_path):
     with pytest.raises(ValueError, match="run id"):
         load_config("quick", None, [f"run_id={run_id}"])
     with pytest.raises(ValueError, match="run id"):
-        recorded_run_config(str(tmp_path), run_id)
+        recorded_run_config(Lake(tmp_path), run_id)
     assert load_config("quick", None, ["run_id=toolcall-genenv-s1.v2_a"]).run_id == "toolcall-genenv-s1.v2_a"
 
 

@@ -14,6 +14,8 @@ Invariants:
   hash); loading by version looks the row up and refuses a file whose hash differs.
 - A checkpoint is found by (lake, kind, version), not by the absolute path its row records, so a lake
   that is copied or moved with its checkpoints/ folder stays whole.
+- On an s3:// lake a checkpoint is written to the local cache, uploaded weights last, then published; loading
+  fetches it into the cache unless the cache holds weights with the registered hash (lake/storage.py).
 - Version 0 of each kind is the base model itself, named in every checkpoint's lineage; it has no folder.
 """
 
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import polars as pl
 
-from lake import CHECKPOINTS, Lake, checkpoint_path, read_table, weights_refusal, write_weights_manifest
+from lake import CHECKPOINTS, Lake, StorageError, checkpoint_path, read_table, weights_refusal, write_weights_manifest
 
 from .models import CPU, LoadedModel, Precision, load_model
 
@@ -63,9 +65,24 @@ class CheckpointRecord:
 
 
 def checkpoint_dir(lake: Lake, kind: str, version: int) -> Path:
-    if "://" in lake.root:
-        raise CheckpointError(f"checkpoints are written under a local lake root, not {lake.root}")
-    return Path(lake.root) / checkpoint_path(kind, version)
+    """Where a checkpoint folder is on this machine: in the lake, or in the local cache of a remote lake (where it
+    is written before `publish_files` uploads it, and fetched to by `fetch_checkpoint`)."""
+    return lake.files.local(checkpoint_path(kind, version))
+
+
+def publish_files(lake: Lake, kind: str, version: int) -> None:
+    """Upload a checkpoint written to checkpoint_dir to a remote lake, weights last (nothing on a local lake)."""
+    lake.files.upload_folder(checkpoint_path(kind, version))
+
+
+def fetch_checkpoint(lake: Lake, kind: str, version: int, sha256: str) -> Path:
+    """checkpoint_dir, holding the lake's copy of the checkpoint (downloaded from a remote lake unless the cache
+    already has weights with `sha256`)."""
+    try:
+        return lake.files.fetch_folder(checkpoint_path(kind, version),
+                                       lambda cached: weights_refusal(cached, sha256) is None)
+    except StorageError as exc:
+        raise CheckpointError(f"{kind} checkpoint version {version}: {exc}") from None
 
 
 def config_hash(config) -> str:
@@ -119,10 +136,14 @@ def registered(lake: Lake, kind: str, version: int) -> dict:
 def manifest(lake: Lake, kind: str, version: int) -> dict:
     """The lineage a registered checkpoint was written with."""
     registered(lake, kind, version)
-    path = checkpoint_dir(lake, kind, version) / MANIFEST
-    if not path.is_file():
-        raise CheckpointError(f"{kind} checkpoint version {version} has no {MANIFEST} at {path.parent}")
-    return json.loads(path.read_text())
+    relative = f"{checkpoint_path(kind, version)}/{MANIFEST}"
+    try:
+        text = lake.files.read_text(relative)
+    except StorageError as exc:
+        raise CheckpointError(f"{kind} checkpoint version {version}: {exc}") from None
+    if text is None:
+        raise CheckpointError(f"{kind} checkpoint version {version} has no {MANIFEST} at {lake.root}/{relative}")
+    return json.loads(text)
 
 
 def load_checkpoint(lake: Lake, kind: str, version: int, base_model: str | None = None,
@@ -133,14 +154,15 @@ def load_checkpoint(lake: Lake, kind: str, version: int, base_model: str | None 
             raise CheckpointError(f"{kind} version 0 is the base model, and none was named")
         return load_model(base_model, dtype=precision.torch_dtype, device=precision.torch_device)
     row = registered(lake, kind, version)
-    return load_verified(checkpoint_dir(lake, kind, version), row["sha256"], f"{kind} checkpoint version {version}",
+    return load_verified(fetch_checkpoint(lake, kind, version, row["sha256"]), row["sha256"], f"{kind} checkpoint version {version}",
                          precision)
 
 
 def load_published(lake: Lake, kind: str, version: int, sha256: str, precision: Precision = CPU) -> LoadedModel:
     """Load the checkpoint a CheckpointPublished names, found by (kind, version) in the lake, never by the path the
     event carries (an event read straight from Kafka has not been through the registry's checks)."""
-    return load_verified(checkpoint_dir(lake, kind, version), sha256, f"{kind} checkpoint version {version}", precision)
+    return load_verified(fetch_checkpoint(lake, kind, version, sha256), sha256, f"{kind} checkpoint version {version}",
+                         precision)
 
 
 def load_verified(path: str | Path, sha256: str, what: str = "checkpoint", precision: Precision = CPU) -> LoadedModel:

@@ -10,12 +10,11 @@ seed, sha256) stays answerable; loading it fails with one line saying its folder
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 
-from lake import Lake
+from lake import Lake, checkpoint_path
 
-from .checkpoints import KINDS, checkpoint_dir, registry
+from .checkpoints import KINDS, registry
 
 
 @dataclass
@@ -44,8 +43,8 @@ def plan_retention(lake: Lake, kind: str, keep_last: int, keep_every: int = 0) -
         parent = parents.get(version)
         if parent and parent not in plan.keep:
             plan.keep[parent] = f"parent of v{version}: replaying v{version} retrains from it"
-    folders = checkpoint_dir(lake, kind, 0).parent
-    on_disk = sorted(int(p.name[1:]) for p in folders.glob("v*") if p.is_dir() and p.name[1:].isdigit()) if folders.is_dir() else []
+    folders = lake.files.folders(checkpoint_path(kind, 0).rsplit("/", 1)[0])
+    on_disk = sorted(int(name[1:]) for name in folders if name.startswith("v") and name[1:].isdigit())
     for version in on_disk:
         if version not in parents:
             plan.keep.setdefault(version, "not registered (yet): a trainer may be publishing it")
@@ -59,7 +58,7 @@ def apply_retention(lake: Lake, plan: Retention) -> list[str]:
     """Delete the folders the plan lets go; the deleted folders' paths."""
     deleted = []
     for version in plan.delete:
-        folder = checkpoint_dir(lake, plan.kind, version)
-        shutil.rmtree(folder)
-        deleted.append(str(folder))
+        folder = checkpoint_path(plan.kind, version)
+        lake.files.remove_folder(folder)
+        deleted.append(f"{lake.root}/{folder}")
     return deleted

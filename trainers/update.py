@@ -25,7 +25,8 @@ from lake import POOLS, Lake, checkpoint_path, read_pool, weights_digest
 
 from . import distributed, grpo, rwr
 from .checkpoints import (
-    KINDS, CheckpointRecord, checkpoint_dir, config_hash, latest_version, load_checkpoint, manifest, save_checkpoint,
+    KINDS, CheckpointRecord, checkpoint_dir, config_hash, latest_version, load_checkpoint, manifest, publish_files,
+    save_checkpoint,
 )
 from .loop import OptimizerCarry, Progress, merged
 from .models import CPU, LoadedModel, Precision, load_model
@@ -142,6 +143,7 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
         carry.version = version
     if group is None or group.is_main_process:
         record.sha256 = save_checkpoint(model, loaded.tokenizer, target, lineage, state_dict=weights)
+        publish_files(lake, kind, version)
     if group is not None:
         group.wait_for_everyone()  # the other ranks read rank 0's file, never write one
         record.sha256 = weights_digest(target)

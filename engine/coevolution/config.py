@@ -11,7 +11,6 @@ Precedence: defaults < profile < config file < --set. Every value is checked bef
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Literal
 
 import tomli_w
+
+from lake import Lake
 
 from trainers import GRPOConfig, Precision, RWRConfig, vllm_available
 from trainers.plan import plan_run
@@ -201,14 +202,17 @@ def load_config(profile: str = "default", path: Path | None = None, sets: list[s
     if path is not None:
         if not path.is_file():
             raise ValueError(f"config file {path} does not exist")
-        try:
-            table = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
-        config = override(config, _flatten(table))
+        config = override(config, _flatten(read_toml(path.read_text(), f"config file {path}")))
     config = override(config, parse_pairs(list(sets)))
     config.check()
     return config
+
+
+def read_toml(text: str, what: str) -> dict:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{what} is not valid TOML: {exc}") from None
 
 
 def to_toml(config: RunConfig) -> str:
@@ -237,28 +241,24 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def run_config_path(lake_root: str, run_id: str) -> Path:
-    """Where a run's full configuration is kept beside its lake (replay and audit read it back). Run ids in events
-    are a producer's text: one that could not name a file there (a "/", "..") is refused, never followed."""
-    return Path(lake_root) / "runs" / f"{check_run_id(run_id)}.toml"
+def run_config_path(run_id: str) -> str:
+    """Where a run's full configuration is kept in its lake (replay and audit read it back), relative to the root.
+    Run ids in events are a producer's text: one that could not name a file there (a "/", "..") is refused, never
+    followed."""
+    return f"runs/{check_run_id(run_id)}.toml"
 
 
-def record_run_config(lake_root: str, run_id: str, config: RunConfig) -> Path | None:
-    """Write the run's configuration once (a run's workers all call this; the first one writes it). Like
-    checkpoints, it lives under a local lake root; a remote lake gets none (None)."""
-    if "://" in lake_root:
-        return None
-    path = run_config_path(lake_root, run_id)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-        partial.write_text(to_toml(config))
-        partial.replace(path)
-    return path
+def record_run_config(lake: Lake, run_id: str, config: RunConfig) -> None:
+    """Write the run's configuration once (a run's workers all call this; the first one writes it)."""
+    lake.files.write_text_once(run_config_path(run_id), to_toml(config))
 
 
-def recorded_run_config(lake_root: str, run_id: str) -> RunConfig:
-    path = run_config_path(lake_root, run_id)
-    if not path.is_file():
-        raise ValueError(f"run {run_id} has no recorded configuration at {path} (runs record it when they start)")
-    return load_config("default", path)
+def recorded_run_config(lake: Lake, run_id: str) -> RunConfig:
+    relative = run_config_path(run_id)
+    text = lake.files.read_text(relative)
+    if text is None:
+        raise ValueError(f"run {run_id} has no recorded configuration at {lake.root}/{relative} "
+                         "(runs record it when they start)")
+    config = override(RunConfig(), _flatten(read_toml(text, f"{lake.root}/{relative}")))
+    config.check()
+    return config

@@ -97,7 +97,7 @@ class CoEvolution:
     # -- the run ----------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Record the run's config in the lake (for replay and audit) and load each role's model."""
-        record_run_config(self.lake.root, self.run_id, replace(self.config, run_id=self.run_id))
+        record_run_config(self.lake, self.run_id, replace(self.config, run_id=self.run_id))
         self.load(*self.start_from)
 
     def run(self) -> list[EpochMetrics]:

@@ -29,7 +29,7 @@ class AuditError(LookupError):
 
 
 def scan(lake: Lake, table: str) -> pl.LazyFrame:
-    return pl.scan_delta(lake.uri(table))
+    return lake.scan(table)
 
 
 def latest_run(lake: Lake) -> str:

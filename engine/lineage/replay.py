@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 
 from lake import CHECKPOINTS, POOLS, CommitRecord, Lake, read_table, rebuild_to, record_at, silver, weight_files
 from trainers import Precision, load_checkpoint, manifest
-from trainers.checkpoints import checkpoint_dir, save_checkpoint
+from trainers.checkpoints import checkpoint_dir, fetch_checkpoint, save_checkpoint
 from trainers.update import POOL_OF, ROW_KEY, config_from_manifest, fit, master_weights, new_rows, select_update_rows
 
 from ..coevolution import CurriculumConfig, Phase, Say, no_phase, recorded_run_config, score_groups
@@ -102,7 +102,7 @@ def replay_epoch(lake: Lake, epoch: int, run_id: str | None = None, scratch: Pat
         say(f"run {run_id} registered no checkpoints in epoch {epoch} (every update was skipped): nothing to retrain")
     if rescore and domain is None:
         try:
-            config = recorded_run_config(lake.root, run_id)
+            config = recorded_run_config(lake, run_id)
         except ValueError as exc:
             raise ReplayError(f"cannot rescore: {exc}") from None
         domain = get_domain(config.domain, config.seeds_path)
@@ -191,7 +191,7 @@ def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[i
         out.replayed_sha256 = save_checkpoint(model, loaded.tokenizer, folder, {**lineage, "path": str(folder)})
         if out.replayed_sha256 != c["sha256"]:
             out.first_difference = (f"sha256 {out.replayed_sha256[:12]}... != recorded {c['sha256'][:12]}...; "
-                                    + first_tensor_difference(checkpoint_dir(lake, kind, c["version"]), folder))
+                                    + first_tensor_difference(fetch_checkpoint(lake, kind, c["version"], c["sha256"]), folder))
     out.seconds = round(time.perf_counter() - start, 2)
     return out
 
@@ -232,7 +232,7 @@ def first_tensor_difference(recorded: Path, replayed: Path) -> str:
 # -- rescoring -----------------------------------------------------------------------------------------
 def recorded_curriculum(lake: Lake, run_id: str) -> CurriculumConfig:
     try:
-        return recorded_run_config(lake.root, run_id).curriculum
+        return recorded_run_config(lake, run_id).curriculum
     except ValueError as exc:
         raise ReplayError(f"cannot rescore: {exc}") from None
 

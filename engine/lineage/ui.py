@@ -22,7 +22,6 @@ import functools
 import io
 
 import polars as pl
-from deltalake import DeltaTable
 from flask import Flask, abort, redirect, render_template_string, request, send_file, url_for
 
 from lake import EVAL_RESULTS, QUARANTINE, VALIDATIONS, Lake, quarantine_by_reason, silver
@@ -169,7 +168,7 @@ def create_app(lake: Lake) -> Flask:
         if not metrics:
             abort(404, f"no run {run_id!r} in {lake.root}")
         try:
-            curriculum = recorded_run_config(lake.root, run_id).curriculum
+            curriculum = recorded_run_config(lake, run_id).curriculum
         except Exception:  # noqa: BLE001 (no config recorded, or an id that names no file: the default band)
             curriculum = CurriculumConfig()
         image = io.BytesIO()
@@ -216,7 +215,7 @@ def create_app(lake: Lake) -> Flask:
 
     @app.get("/evals")
     def evals():
-        if not DeltaTable.is_deltatable(lake.uri(EVAL_RESULTS)):  # a lake from before the eval tables
+        if not lake.exists(EVAL_RESULTS):  # a lake from before the eval tables
             return page("evals", EVALS, rows=[])
         rows = scan(lake, EVAL_RESULTS).sort("evaluated_at", descending=True).head(MAX_ROWS).collect().to_dicts()
         return page("evals", EVALS, rows=rows)

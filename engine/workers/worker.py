@@ -40,7 +40,7 @@ from kafka import ConsumerRebalanceListener, TopicPartition
 from deltalake.exceptions import DeltaError
 from kafka.errors import CommitFailedError, KafkaError
 
-from lake import Lake, read_table, silver
+from lake import Lake, StorageError, read_table, silver
 from streams import EventProducer, HeldOffsets, decode, ensure_topics, group_consumer
 from trainers import TrainError, latest_version, manifest
 from trainers.update import POOL_OF, new_rows
@@ -54,7 +54,7 @@ IDLE_S = 5.0  # a trainer takes fewer rows than a batch's worth once the pool ha
 RELOAD_S = 2.0  # how often a worker looks in the registry for a newer checkpoint of its kind
 POLL_S = 1.0  # how often the lake-driven workers (simulator, trainers) look at the lake
 Stop = Callable[[], bool]
-TRANSIENT = (KafkaError, DeltaError, OSError)  # a broker or storage error a worker retries (run)
+TRANSIENT = (KafkaError, DeltaError, OSError, StorageError)  # a broker or storage error a worker retries (run)
 RETRIES = 5
 
 
@@ -98,7 +98,7 @@ class Worker:
         committed offsets say; after RETRIES failures in a row the error is raised (and a supervisor restarts
         the process)."""
         # Every worker of a run records its config (the first one writes it): replay and audit read it back.
-        record_run_config(self.lake.root, self.run_id, dataclasses.replace(self.config, run_id=self.run_id))
+        record_run_config(self.lake, self.run_id, dataclasses.replace(self.config, run_id=self.run_id))
         failures = 0
         while True:
             try:
@@ -236,7 +236,7 @@ class RolloutWorker(Worker):
             return tasks
         ids = [t.task_id for t in tasks]
         # Every poll asks this: scan only the two id columns of the batch's tasks, not the whole table's texts.
-        counts = (pl.scan_delta(self.lake.uri(silver("rollout")))
+        counts = (self.lake.scan(silver("rollout"))
                   .filter((pl.col("run_id") == self.run_id) & pl.col("task_id").is_in(ids))
                   .group_by("task_id").agg(pl.col("rollout_id").n_unique()).collect())
         done = {t for t, n in counts.iter_rows() if n >= self.config.group_size}
