@@ -429,6 +429,7 @@ def eval_(
     data: Annotated[Optional[Path], typer.Option(help="Folder holding api-bank/, bamboogle/, alfworld/, travelplanner/ (default: the repository's data/; BFCL's data comes with bfcl-eval).")] = None,
     lake: LakeOpt = "genenv-lake",
     batch_size: Annotated[int, typer.Option(help="Prompts generated at once.")] = 16,
+    bfcl_reading: Annotated[str, typer.Option("--bfcl-reading", help="How BFCL answers are read: bfcl (bfcl-eval's default decoder, as the leaderboard scores) or lenient (also ```python fences and one call per line; the results' scoring names it).")] = "bfcl",
 ) -> None:
     """Evaluate a model or checkpoint offline on the GenEnv paper's benchmarks; results go to the lake's
     eval/results and eval/items tables and to a table here (with the paper's 7B figures beside the headline)."""
@@ -446,9 +447,9 @@ def eval_(
         # Every benchmark's data is read before any model is loaded: a missing file stops here.
         loaded = {}
         for name in names:
-            bench = BENCHMARKS[name]()
+            bench = BENCHMARKS[name](reading=bfcl_reading) if name == "bfcl" else BENCHMARKS[name]()
             loaded[name] = (bench, bench.load(data, limit))
-    except (EvalError, DataMissing) as exc:
+    except (EvalError, DataMissing, ValueError) as exc:
         raise UserError(str(exc)) from None
     lake_ = Lake(lake)
     try:

@@ -1,5 +1,6 @@
-"""One matcher for tool calls: the toolcall domain's checker (the agent's reward) and the BFCL benchmark give the
-same verdict on every BFCL non-live item's gold answer and on 8 perturbations of each (engine/domains/calls.py)."""
+"""One matcher for tool calls: the toolcall domain's checker (the agent's reward) and the BFCL benchmark read
+leniently give the same verdict on every BFCL non-live item's gold answer and on 8 perturbations of each
+(engine/domains/calls.py)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def perturbations(gold: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def bfcl_items():
-    benchmark = BFCL(categories=AST_CATEGORIES)
+    benchmark = BFCL(categories=AST_CATEGORIES, reading="lenient")  # the reading the reward uses
     return benchmark, benchmark.load(None, None)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from engine.benchmarks import BENCHMARKS, Ask, evaluate
 from engine.benchmarks.bfcl import BFCL
+from engine.benchmarks.apibank import APIBank
 from engine.domains.calls import bfcl_checker
 from lake import EVAL_ITEMS, EVAL_RESULTS, Lake, read_table
 
@@ -86,6 +87,8 @@ def test_bfcl_verdicts_equal_bfcl_evals_own_decoder_and_checker():
         outputs = [
             gold,
             f"```\n{gold}\n```",  # fenced, as small models write it
+            f"```python\n{gold}\n```",  # fenced with its language: bfcl-eval's decoder cannot read it
+            f"[{first_name}(" + ", ".join(repr(v[0]) for v in first_args.values() if v[0] != "") + ")]",  # positional
             gold.replace("(", "_v2(", 1),  # a function that does not exist
             gold[1:-1],  # without the list brackets
             f"[{first_name}()]",  # required arguments missing
@@ -105,7 +108,36 @@ def test_bfcl_verdicts_equal_bfcl_evals_own_decoder_and_checker():
                 theirs = False
             assert ours == float(theirs), (item.item_id, output)
             outputs_checked += 1
-    assert outputs_checked == len(items) * 8
+    assert outputs_checked == len(items) * 10
+
+
+def test_the_lenient_bfcl_reading_is_asked_for_and_named():
+    strict, lenient = BFCL(categories=("simple_python",)), BFCL(categories=("simple_python",), reading="lenient")
+    (item,) = strict.load(None, 1)
+    fenced = f"```python\n{strict.gold(item)}\n```"
+    assert strict.score(item, fenced).score == 0.0 and lenient.score(item, fenced).score == 1.0
+    assert "bfcl-eval's default prompting decoder" in strict.scoring
+    assert "lenient reading, not bfcl-eval's" in lenient.scoring
+    with pytest.raises(ValueError, match="reading must be one of bfcl, lenient"):
+        BFCL(reading="loose")
+
+
+def test_api_bank_reads_level_2_and_reports_each_level(tmp_path):
+    rows = json.loads((DATA / "api-bank" / "level-1-api.json").read_text())
+    (tmp_path / "api-bank").mkdir()
+    (tmp_path / "api-bank" / "level-1-api.json").write_text(json.dumps(rows[:10]))
+    (tmp_path / "api-bank" / "level-2-api.json").write_text(json.dumps(rows[10:20]))  # level 2's row format is level 1's
+    benchmark = APIBank()
+    items = benchmark.load(tmp_path, None)
+    assert {item.category for item in items} == {"level-1", "level-2"}
+    assert len({item.item_id for item in items}) == len(items)
+    by_id = {item.item_id: item for item in items}
+    # Right on level 1, wrong on level 2: each level's accuracy says so.
+    answer = lambda item_id, turn: (benchmark.gold(by_id[item_id]) if by_id[item_id].category == "level-1"
+                                    else perturbed("api-bank", by_id[item_id], benchmark.gold(by_id[item_id]), turn))
+    report = evaluate("api-bank", ScriptedAgent(answer), benchmark=benchmark, items=items)
+    assert report.metrics["accuracy_level_1"] == 1.0 and report.metrics["accuracy_level_2"] == 0.0
+    assert 0 < report.metrics["accuracy"] < 1
 
 
 def test_arguments_a_model_writes_are_never_evaluated(tmp_path):

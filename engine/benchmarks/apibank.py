@@ -1,4 +1,8 @@
-"""API-Bank level-1 API calls (Li et al., 2023): given the dialogue and the API descriptions, write the call.
+"""API-Bank API calls (Li et al., 2023): given the dialogue and the API descriptions, write the call.
+
+Levels: level-1-api.json (call an API whose description is given) and, where the data folder holds it,
+level-2-api.json (the same row format; the API must first be found). Each item's category is its level, and
+the summary gives the accuracy per level beside the overall one, as API-Bank reports them separately.
 
 The agent answers `API-Request: [ApiName(key='value', ...)]`. Scoring: name and argument match. API-Bank's
 official metric executes the predicted and the gold call in its API simulator and compares the results; that
@@ -16,10 +20,11 @@ import re
 from pathlib import Path
 
 from ..domains.calls import read_calls
-from .base import Ask, Benchmark, DataMissing, Item, ItemResult, limited, mean
+from .base import Ask, Benchmark, DataMissing, Item, ItemResult, limited, mean, per_category
 
 SYSTEM = "You call APIs for a user. Reply with the API request only."
 REQUEST = re.compile(r"\[\s*[A-Za-z_][\w.]*\(.*?\)\s*\]", re.DOTALL)  # the first bracketed call
+LEVELS = (1, 2)
 SCORING = "name and argument match (API-Bank's API simulator is not in the data; see engine/benchmarks/apibank.py)"
 
 
@@ -39,25 +44,37 @@ def same_value(a, b) -> bool:
 
 class APIBank(Benchmark):
     name = "api-bank"
-    source = "api-bank/level-1-api.json from AlibabaResearch/DAMO-ConvAI api-bank/test-data; see data/README.md"
+    source = ("api-bank/level-1-api.json (and level-2-api.json) from AlibabaResearch/DAMO-ConvAI api-bank/test-data; "
+              "see data/README.md")
     headline = "accuracy"
     scoring = SCORING
 
     def load(self, data: Path | None, limit: int | None) -> list[Item]:
+        """Level 1 (required) and level 2 (when present); `limit` applies per level, so both are sampled."""
         path = self.file(data, "api-bank/level-1-api.json")
-        rows = self.read_json(path)
         items, self.skipped = [], 0
-        for index, row in enumerate(rows):  # an item's id is its place in the file (API-Bank's ids repeat)
+        for level in LEVELS:
+            level_path = path.with_name(f"level-{level}-api.json")
+            if level > 1 and not level_path.is_file():
+                continue
+            items += limited(self.level_items(level, self.read_json(level_path)), limit)
+        if not items:
+            raise DataMissing(f"{self.name}: {path.parent} holds no items with a readable expected_output")
+        return items
+
+    def level_items(self, level: int, rows: list[dict]) -> list[Item]:
+        items = []
+        for index, row in enumerate(rows):  # an item's id is its level and place in the file (API-Bank's ids repeat)
             gold = read_call(row.get("expected_output", ""))
             if isinstance(gold, str) or not gold:
                 self.skipped += 1
                 continue
-            api = row["file"].split("-level-")[0].split("-")[0]
-            items.append(Item(f"api-bank-{index}", api, {"instruction": row["instruction"], "input": row["input"],
-                                                              "expected_output": row["expected_output"], "gold": gold}))
-        if not items:
-            raise DataMissing(f"{self.name}: {path} holds no items with a readable expected_output")
-        return limited(items, limit)
+            api = row.get("file", "").split("-level-")[0].split("-")[0]
+            item_id = f"api-bank-{index}" if level == 1 else f"api-bank-l{level}-{index}"
+            items.append(Item(item_id, f"level-{level}", {"instruction": row["instruction"], "input": row["input"],
+                                                          "expected_output": row["expected_output"], "gold": gold,
+                                                          "api": api}))
+        return items
 
     def ask(self, item: Item) -> Ask:
         return Ask(SYSTEM, f"{item.data['instruction'].strip()}\n\n{item.data['input'].strip()}", max_new_tokens=96)
@@ -85,5 +102,6 @@ class APIBank(Benchmark):
         return ItemResult(item.item_id, item.category, response, 1.0, detail="same call")
 
     def summary(self, results: list[ItemResult]) -> dict[str, float]:
-        return {"accuracy": mean([r.score for r in results]), "items": len(results),
+        by_level = {f"accuracy_{level.replace('-', '_')}": value for level, value in per_category(results).items()}
+        return {"accuracy": mean([r.score for r in results]), **by_level, "items": len(results),
                 "items_left_out": getattr(self, "skipped", 0)}

@@ -9,7 +9,10 @@ The agent answers in BFCL's prompting format, `[func_name(param=value, ...)]`.
 
 Answers are read and matched by engine/domains/calls.py, the matcher the toolcall domain's reward uses too:
 bfcl-eval's `ast_checker` behind both, with arguments read as Python literals and never evaluated (bfcl-eval's
-own decoder evaluates arithmetic with `eval`; such answers count as wrong here).
+own decoder evaluates arithmetic with `eval`; such answers count as wrong here). By default an answer is read as
+bfcl-eval's default prompting decoder reads it: a ```python fence makes it unreadable, positional arguments are
+dropped. `genenv eval --bfcl-reading lenient` reads fences and one call per line too; the results table's
+scoring names the reading.
 
 Summary as BFCL computes it (bfcl_eval/eval_checker/eval_runner_helper.py): the non-live AST accuracy is the
 unweighted mean of simple, multiple, parallel and parallel_multiple, where simple is the unweighted mean of
@@ -22,7 +25,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..domains.calls import match_calls, read_calls
+from ..domains.calls import READINGS, match_calls, read_calls
 from .base import Ask, Benchmark, DataMissing, Item, ItemResult, limited, mean, per_category
 
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
@@ -34,9 +37,9 @@ SYSTEM = ("You are an expert in composing functions. You are given a question an
 NO_CALL = "None of the given functions can be used for this question."
 
 
-def decode(response: str) -> list[dict] | str:
+def decode(response: str, reading: str = "bfcl") -> list[dict] | str:
     """The answer's calls as BFCL's checker takes them ([{name: {param: value}}]), or why they cannot be read."""
-    calls = read_calls(response)
+    calls = read_calls(response, reading)
     return calls if isinstance(calls, str) else [{name: args} for name, args in calls]
 
 
@@ -73,10 +76,12 @@ class BFCL(Benchmark):
     name = "bfcl"
     source = "the PyPI package bfcl-eval ships bfcl_eval/data; `pip install --no-deps bfcl-eval`"
     headline = "non_live_ast"
-    scoring = "bfcl-eval's ast_checker; arguments read as literals, never evaluated (see engine/domains/calls.py)"
-
-    def __init__(self, categories: tuple[str, ...] = CATEGORIES):
-        self.categories = categories
+    def __init__(self, categories: tuple[str, ...] = CATEGORIES, reading: str = "bfcl"):
+        if reading not in READINGS:
+            raise ValueError(f"the BFCL reading must be one of {', '.join(READINGS)}, got {reading!r}")
+        self.categories, self.reading = categories, reading
+        self.scoring = (f"bfcl-eval's ast_checker after {READINGS[reading]}; arguments read as literals, never "
+                        "evaluated (see engine/domains/calls.py)")
 
     def data_root(self, data: Path | None) -> Path:
         """--data may point at a folder holding BFCL_v4_*.json and possible_answer/; default: bfcl-eval's own."""
@@ -109,12 +114,12 @@ class BFCL(Benchmark):
         return NO_CALL if item.category == "irrelevance" else gold_call_text(item.data["ground_truth"], item.data["functions"])
 
     def score(self, item: Item, response: str) -> ItemResult:
-        decoded = decode(response)
+        decoded = decode(response, self.reading)
         if item.category == "irrelevance":
             called = not isinstance(decoded, str) and bool(decoded)
             return ItemResult(item.item_id, item.category, response, float(not called),
                               detail="made a call where none applies" if called else "no call")
-        match = match_calls(item.data["functions"], response, item.data["ground_truth"], item.category)
+        match = match_calls(item.data["functions"], response, item.data["ground_truth"], item.category, self.reading)
         return ItemResult(item.item_id, item.category, response, float(match.valid), detail=match.detail)
 
     def summary(self, results: list[ItemResult]) -> dict[str, float]:

@@ -2,12 +2,19 @@
 
 One matcher for training and evaluation: the toolcall domain's checker (the agent's reward) and the BFCL
 benchmark both call `match_calls`, which runs bfcl-eval's own AST checker
-(`bfcl_eval.eval_checker.ast_eval.ast_checker`), so a reward and an evaluation cannot disagree on an answer.
-tests/test_calls.py holds them to that on every BFCL non-live item's gold answer and 8 perturbations of each.
+(`bfcl_eval.eval_checker.ast_eval.ast_checker`), so a reward and an evaluation that read an answer the same way
+cannot disagree on it. tests/test_calls.py holds them to that, with the lenient reading, on every BFCL non-live
+item's gold answer and 8 perturbations of each; tests/test_eval.py holds the default reading to bfcl-eval's own
+decoder and checker.
 
-    read_calls(answer)                     [(dotted name, {param: literal})], or why the answer is not calls
+    read_calls(answer, reading)            [(dotted name, {param: literal})], or why the answer is not calls
     possible_answers(reference, tools)     a toolcall reference in BFCL's ground-truth form
     match_calls(tools, answer, possible)   Match(valid, detail)
+
+Two readings of an answer (READINGS). "bfcl" is what bfcl-eval's default prompting decoder
+(`default_decode_ast_prompting`) accepts: the BFCL benchmark scores with it by default, so its figures are
+comparable with the leaderboard's. "lenient" also takes a ```python fence and one call per line. The toolcall
+domain's reward reads leniently.
 
 What is written here and not taken from bfcl-eval, and why:
 - Reading the answer. bfcl-eval's decoder evaluates arithmetic in arguments with `eval` and reads a bare
@@ -63,9 +70,21 @@ def bfcl_checker():
     return checker.ast_checker, enums.Language.PYTHON
 
 
-def read_calls(answer: str) -> list[tuple[str, dict]] | str:
-    """The calls in an answer as (dotted name, literal arguments), or the reason they cannot be read. Accepts
-    `[f(a=1), g(b='x')]`, one call per line, and either inside a ``` fence."""
+READINGS = {
+    "bfcl": "bfcl-eval's default prompting decoder: backticks, newlines and spaces stripped from both ends, "
+            "[ ] added where missing, one Python list of calls; positional arguments dropped",
+    "lenient": "lenient reading, not bfcl-eval's: also a ```python or ```json fence and one call per line; "
+               "positional arguments refused",
+}
+
+
+def read_calls(answer: str, reading: str = "lenient") -> list[tuple[str, dict]] | str:
+    """The calls in an answer as (dotted name, literal arguments), or the reason they cannot be read, by one of
+    READINGS. Lenient accepts `[f(a=1), g(b='x')]`, one call per line, and either inside a ``` fence."""
+    if reading == "bfcl":
+        return read_calls_as_bfcl(answer)
+    if reading != "lenient":
+        raise ValueError(f"reading must be one of {', '.join(READINGS)}, got {reading!r}")
     text = answer.strip().strip("`").strip()
     text = re.sub(r"^(python|json)\s*\n", "", text)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -77,6 +96,23 @@ def read_calls(answer: str) -> list[tuple[str, dict]] | str:
             nodes = [ast.parse(line, mode="eval").body for line in lines]
         except (SyntaxError, ValueError, MemoryError, RecursionError):
             return "not a call: the answer does not parse as Python call syntax"
+    return _literal_calls(nodes, drop_positional=False)
+
+
+def read_calls_as_bfcl(answer: str) -> list[tuple[str, dict]] | str:
+    """The calls as bfcl-eval's `default_decode_ast_prompting` reads them (READINGS["bfcl"]), with argument values
+    read as literals rather than evaluated."""
+    text = answer.strip("`\n ")
+    text = text if text.startswith("[") else "[" + text
+    text = text if text.endswith("]") else text + "]"
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return "not a call: the answer does not parse as a Python list of calls"
+    return _literal_calls(list(tree.elts) if isinstance(tree, (ast.List, ast.Tuple)) else [tree], drop_positional=True)
+
+
+def _literal_calls(nodes: list[ast.expr], drop_positional: bool) -> list[tuple[str, dict]] | str:
     calls = []
     for node in nodes:
         if not isinstance(node, ast.Call):
@@ -84,7 +120,7 @@ def read_calls(answer: str) -> list[tuple[str, dict]] | str:
         name = _dotted(node.func)
         if name is None:
             return "not a plain function name"
-        if node.args:
+        if node.args and not drop_positional:
             return f"{name}: positional arguments are not allowed"
         args = {}
         for keyword in node.keywords:
@@ -143,12 +179,13 @@ class Match:
 
 
 def match_calls(tools: list[dict], answer: str | list[tuple[str, dict]], possible: list[dict],
-                category: str | None = None) -> Match:
+                category: str | None = None, reading: str = "lenient") -> Match:
     """Whether `answer` (text, or calls read_calls already read) makes the calls `possible` describes, with the
     functions `tools` offered, by bfcl-eval's checker. category: a BFCL test category, which picks the checker
     (simple, multiple, parallel); by default "parallel" for several expected calls and "multiple" for one (it
-    finds the expected function among those offered, as simple does when only one is offered)."""
-    calls = read_calls(answer) if isinstance(answer, str) else answer
+    finds the expected function among those offered, as simple does when only one is offered). reading: how a
+    text answer is read (READINGS)."""
+    calls = read_calls(answer, reading) if isinstance(answer, str) else answer
     if isinstance(calls, str):
         return Match(False, f"ast_decoder:decoder_failed: {calls}")
     checker, python = bfcl_checker()
