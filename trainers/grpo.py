@@ -30,7 +30,7 @@ from typing import Literal
 import polars as pl
 import torch
 
-from .batching import TokenBatch, completion_logps, pack
+from .batching import SharedPrefixBatch, completion_logps, pack_shared
 from .distributed import rank_batches
 from .loop import OptimConfig, OptimizerCarry, Progress, optimise, with_lora
 from .losses import GRPOLossConfig, group_advantages, grpo_loss
@@ -59,7 +59,7 @@ class GRPOConfig(OptimConfig, GRPOLossConfig):
 
 @dataclass
 class MicroBatch:
-    tokens: TokenBatch
+    tokens: SharedPrefixBatch
     old_logps: torch.Tensor  # the ratio's denominator, (batch, C)
     advantages: torch.Tensor  # (batch,)
     token_weights: torch.Tensor | None  # truncated importance weights of stale rows, 1 elsewhere
@@ -110,7 +110,8 @@ class GRPOTrainer:
         self.rank, self.world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
 
     def micro_batches(self, rows: pl.DataFrame) -> list[MicroBatch]:
-        """Advantages over each task's group, then micro-batches in a seeded order, with every
+        """Advantages over each task's group, then micro-batches in a seeded order of tasks, a task's rollouts
+        side by side (so a micro-batch encodes their shared prompt once: trainers/batching.py), with every
         log-probability that does not depend on the weights being trained computed up front."""
         cfg = self.config
         rewards = torch.tensor(rows["reward"].to_list(), dtype=torch.float32)
@@ -118,11 +119,11 @@ class GRPOTrainer:
         group_of = {task_id: i for i, task_id in enumerate(dict.fromkeys(task_ids))}
         advantages = group_advantages(rewards, torch.tensor([group_of[t] for t in task_ids]), cfg.scale_rewards)
         prompts = self.tokenizer(rows["prompt"].to_list(), add_special_tokens=False)["input_ids"]
-        order = torch.randperm(rows.height, generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+        order = grouped_order(task_ids, cfg.seed)
         batches = []
         for indices in rank_batches(order, cfg.per_device_train_batch_size, self.rank, self.world):
             completions = [rows["completion_token_ids"][i].to_list() for i in indices]
-            tokens = pack([prompts[i] for i in indices], completions, self.tokenizer.pad_token_id)
+            tokens = pack_shared([prompts[i] for i in indices], completions, self.tokenizer.pad_token_id)
             behaviour = _pad([rows["behaviour_logprobs"][i].to_list() for i in indices], tokens.completion_width)
             stale = torch.tensor([rows["staleness"][i] > 0 for i in indices])
             old, weights = behaviour, None
@@ -159,6 +160,16 @@ class GRPOTrainer:
         zero_std = rows.group_by("task_id").agg(pl.col("reward").n_unique() == 1)["reward"].mean()
         return {**metrics, "rows": rows.height, "groups": rows["task_id"].n_unique(), "reward_mean": rewards.mean(),
                 "zero_std_groups_frac": zero_std, "stale_rows": int((rows["staleness"] > 0).sum())}
+
+
+def grouped_order(task_ids: list[str], seed: int) -> list[int]:
+    """Row indices with each task's rows together, in their own order, and the tasks in a seeded random order."""
+    rows_of: dict[str, list[int]] = {}
+    for i, task_id in enumerate(task_ids):
+        rows_of.setdefault(task_id, []).append(i)
+    tasks = list(rows_of)
+    shuffled = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [i for k in shuffled for i in rows_of[tasks[k]]]
 
 
 def _pad(rows: list[list[float]], width: int) -> torch.Tensor:

@@ -13,7 +13,12 @@ Prints JSON:
   activations and logits, plus the child's resident libraries measured before the model loads) beside the
   measured peak (target: within 25%);
 - data_parallel: seconds of one GRPO update of 16 rows in 2 processes (torchrun, gloo, 8 rows per rank) against
-  1 process (16 rows per micro-batch), the same global batch.
+  1 process (16 rows per micro-batch), the same global batch;
+- shared_prefix: forward + backward of GRPO's logprobs with each prompt encoded once for its group
+  (trainers/batching.py) against the packed forward that repeats it per rollout, on the default run's real
+  shapes: toolcall validation prompts with the agent's chat template, G = 4, completions sampled up to
+  agent_max_new_tokens; and the same for the issue's reference shape (8 prompts of 100 tokens, 12-token
+  completions). Also the largest logprob difference between the two (target: under 1e-4 in float32).
 """
 
 from __future__ import annotations
@@ -137,6 +142,58 @@ def data_parallel_update(model: str, tokens: int, rows_per_device: int) -> None:
         print(json.dumps({"seconds": time.perf_counter() - start, "threads": torch.get_num_threads()}), flush=True)
 
 
+def bench_shared_prefix(loaded, repeats: int) -> dict:
+    import torch
+
+    from engine.coevolution import load_config
+    from engine.domains import get_domain
+    from trainers import SamplingConfig, TransformersBackend, render_prompt
+    from trainers.batching import completion_logps, pack, pack_shared
+
+    config = load_config("default")
+    domain = get_domain(config.domain)
+    tasks = domain.validation_set(8)
+    prompts = [render_prompt(loaded.tokenizer, domain.agent_prompt(t), system=domain.agent_system) for t in tasks]
+    backend = TransformersBackend(loaded.model, loaded.tokenizer, batch_size=32)
+    group = config.group_size
+    samples = backend.generate([p for p in prompts for _ in range(group)],
+                               SamplingConfig(max_new_tokens=config.agent_max_new_tokens, seed=0))
+    default_shape = ([s.prompt_token_ids for s in samples], [s.token_ids for s in samples])
+    g = torch.Generator().manual_seed(0)
+    reference = [torch.randint(3, 5000, (100,), generator=g).tolist() for _ in range(8)]
+    reference_shape = ([p for p in reference for _ in range(4)],
+                       [torch.randint(3, 5000, (12,), generator=g).tolist() for _ in range(32)])
+
+    def timed(batch) -> tuple[float, torch.Tensor]:
+        loaded.model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        logps = completion_logps(loaded.model, batch)
+        (logps * batch.completion_mask).sum().backward()
+        return time.perf_counter() - start, logps.detach()
+
+    out = {}
+    loaded.model.train(False)
+    for name, (prompt_ids, completion_ids) in (("default_run", default_shape), ("reference", reference_shape)):
+        packed = pack(prompt_ids, completion_ids, loaded.tokenizer.pad_token_id)
+        shared = pack_shared(prompt_ids, completion_ids, loaded.tokenizer.pad_token_id)
+        timed(packed), timed(shared)  # warm-up
+        packed_s, shared_s = [], []
+        for _ in range(repeats):  # interleaved, so drift on a shared machine hits both alike
+            seconds, packed_logps = timed(packed)
+            packed_s.append(seconds)
+            seconds, shared_logps = timed(shared)
+            shared_s.append(seconds)
+        real = packed.completion_mask.bool()
+        p, s = statistics.median(packed_s), statistics.median(shared_s)
+        out[name] = {"rows": len(prompt_ids), "prompts": shared.prompt_ids.shape[0],
+                     "prompt_tokens_mean": round(sum(map(len, prompt_ids)) / len(prompt_ids), 1),
+                     "completion_tokens_mean": round(float(packed.completion_mask.sum()) / len(prompt_ids), 1),
+                     "packed_s": round(p, 3), "shared_prefix_s": round(s, 3), "speedup": round(p / s, 2),
+                     "max_logprob_difference": float((packed_logps[real] - shared_logps[real]).abs().max())}
+    loaded.model.zero_grad(set_to_none=True)
+    return out
+
+
 def bench_data_parallel(model: str, tokens: int) -> dict:
     import subprocess
 
@@ -157,6 +214,7 @@ def main() -> None:
     parser.add_argument("--singles", type=int, default=4, help="prompts generated one at a time for the baseline")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--update-only", type=int, metavar="ROWS_PER_DEVICE", help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=["shared_prefix"], help="run one part only")
     args = parser.parse_args()
     if args.update_only:
         data_parallel_update(args.model, args.tokens, args.update_only)
@@ -166,6 +224,10 @@ def main() -> None:
 
     from trainers import load_model
 
+    if args.only == "shared_prefix":
+        print(json.dumps({"model": args.model, "threads": torch.get_num_threads(),
+                          "shared_prefix": bench_shared_prefix(load_model(args.model), args.repeats)}, indent=2))
+        return
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     child = context.Process(target=grpo_rss_child, args=(args.model, args.tokens, queue))
@@ -183,6 +245,7 @@ def main() -> None:
                  "libraries_mib": round(libraries_mib, 1), "measured_over_estimate": round(peak_mib / estimate_mib, 3),
                  "target": "within 0.75-1.25"},
         "data_parallel": bench_data_parallel(args.model, args.tokens),
+        "shared_prefix": bench_shared_prefix(loaded, args.repeats),
     }
     print(json.dumps(result, indent=2))
 

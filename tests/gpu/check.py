@@ -98,6 +98,10 @@ def check_model(name: str, device: str, dtype: torch.dtype, m) -> dict:
         recomputed = batching.completion_logps(model, tokens).cpu()
     recorded = torch.tensor([s.logprobs + [0.0] * (tokens.completion_width - len(s.logprobs)) for s in samples])
     gap = ((recomputed - recorded).abs() * tokens.completion_mask).max().item()
+    # GRPO's own layout: each prompt encoded once, its group's completions on its cached keys and values.
+    shared = batching.pack_shared([s.prompt_token_ids for s in samples], [s.token_ids for s in samples], 0)
+    with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+        shared_gap = ((batching.completion_logps(model, shared).cpu() - recomputed).abs() * tokens.completion_mask).max().item()
 
     before = {k: v.detach().clone() for k, v in list(model.named_parameters())[:4]}
     rewards = torch.tensor([float(i % 2) for i in range(len(samples))])
@@ -107,7 +111,7 @@ def check_model(name: str, device: str, dtype: torch.dtype, m) -> dict:
 
     def grpo_step(_, net):
         with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
-            logps = batching.completion_logps(net, tokens)
+            logps = batching.completion_logps(net, shared)
         return losses.grpo_loss(logps, recorded.to(logps.device), advantages.to(logps.device),
                                 tokens.completion_mask.to(logps.device), grpo_config)
 
@@ -133,12 +137,14 @@ def check_model(name: str, device: str, dtype: torch.dtype, m) -> dict:
     return {
         "model": name, "parameters": arch.parameters, "device": device, "dtype": str(dtype).removeprefix("torch."),
         "groups_with_distinct_samples": f"{distinct_groups}/{len(prompts)}", "max_logprob_gap": round(gap, 5),
+        "shared_prefix_vs_packed_gap": round(shared_gap, 5),
         "grpo_loss": round(grpo_metrics["loss"], 5), "rwr_loss": round(rwr_metrics["loss"], 5), "weights_moved": moved,
         "finite": finite, "generation_tokens_per_s": round(sum(len(s.token_ids) for s in samples) / gen_s, 1),
         "update_tokens_per_s": round(trained_tokens / train_s, 1),
         "peak_memory_gib": round(peak / 2**30, 2) if peak is not None else None,
         "plan_estimate_gib": round(estimate.total / 2**30, 2),
-        "ok": distinct_groups == len(prompts) and gap < (0.05 if dtype != torch.float32 else 1e-3) and moved and finite,
+        "ok": distinct_groups == len(prompts) and gap < (0.05 if dtype != torch.float32 else 1e-3)
+              and shared_gap < (0.05 if dtype != torch.float32 else 1e-3) and moved and finite,
     }
 
 
