@@ -167,7 +167,7 @@ def run(
 
     Every option of a run (curriculum alpha/beta/k/granularity, GRPO and RWR options with TRL's names, sizes, models, warm start) is listed with its value by `genenv config --profile P`; put any of them in a TOML file for --config, or override one with --set name=value (section.name=value for curriculum, agent, env)."""
     from engine.coevolution import CoEvolution, LakeWriter, check_machine, check_plan, load_config, recorded_run_config
-    from engine.lineage import metrics_from_lake, write_report
+    from engine.lineage import metrics_from_lake, with_measures, write_report
 
     flags = [f"{name}={value}" for name, value in (("domain", domain), ("mode", mode), ("epochs", epochs), ("seed", seed))
              if value is not None]
@@ -203,6 +203,8 @@ def run(
                 metrics = engine.resume() if resume else engine.run()
         if resume:
             metrics = metrics_from_lake(lake_, engine.run_id)  # every epoch, the ones before the resume too
+        else:
+            metrics = with_measures(metrics, lake_, engine.run_id)
     relative = f"reports/{engine.run_id}"
     page = write_report(report or lake_.files.local(relative), engine.run_id, cfg, metrics, engine.initial_accuracy,
                         lake_.root)
@@ -529,8 +531,9 @@ def audit_checkpoint(kind: Annotated[str, typer.Argument(help="agent or env.")],
 @audit_app.command("epoch")
 def audit_epoch(epoch: Annotated[int, typer.Argument(help="Epoch number (0 includes the warm start).")],
                 lake: LakeOpt = "genenv-lake", run: RunOpt = None, as_json: JsonOpt = False) -> None:
-    """One epoch of a run: tasks, valid share, quarantine by reason, agent success, share in band, checkpoints,
-    and the workers the supervisor restarted."""
+    """One epoch of a run: tasks, valid share, quarantine by reason, agent success, share in band, the curriculum's
+    measures (selection bias, levels chosen and offered, informative groups per 100 rollouts, success per level),
+    checkpoints, and the workers the supervisor restarted."""
     from engine.lineage import audit_epoch as audit
 
     answer = _audited(audit, Lake(lake, create=False), epoch, run)

@@ -27,6 +27,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
+from deltalake.schema import Field
 
 from streams.events import EVENT_TYPES, TOPICS, field_types
 
@@ -286,11 +287,21 @@ class Lake:
                 if not self.exists(name):
                     DeltaTable.create(self.uri(name), schema, mode="ignore", name=name.replace("/", "_"),
                                       storage_options=self.storage_options)
+                else:
+                    self._add_missing_columns(name, schema)
             self.files.check_writable()
         except LakeError:
             raise
         except Exception as exc:  # noqa: BLE001 (OSError, DeltaError, ...: whatever the storage said, in one line)
             raise LakeError(f"cannot create a lake at {self.root}: {getattr(exc, 'strerror', None) or first_line(exc)}") from None
+
+    def _add_missing_columns(self, name: str, schema: pa.Schema) -> None:
+        """A table from an older genenv gains the columns added since (nullable: its old rows have none)."""
+        table = self.delta(name)
+        present = set(table.schema().to_arrow().names)
+        missing = [Field.from_arrow(f.with_nullable(True)) for f in schema if f.name not in present]
+        if missing:
+            table.alter.add_columns(missing)
 
     def table(self, name: str, version: int | None = None) -> DeltaTable:
         if name not in SCHEMAS:

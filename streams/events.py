@@ -94,6 +94,7 @@ class TaskGenerated(Event):
     tools_json: str = "[]"
     reference_json: str = "null"
     difficulty_json: str = "{}"
+    offered_json: str = "[]"  # the difficulty levels the simulator's request offered to choose from (toolcall)
     valid: bool = True
     invalid_reason: str | None = None
 

@@ -341,3 +341,16 @@ def test_a_suite_that_cannot_be_evaluated_is_split_until_the_rows_that_break_it_
     assert [r["failed_checks"] for r in out.rows[QUARANTINE]] == [["suite_error"]]
     assert out.rows[QUARANTINE][0]["kafka_offset"] == 11
     assert out.arrow(silver("task")).num_rows == 15
+
+
+def test_a_lake_from_before_a_column_was_added_gains_it_and_takes_new_rows(tmp_path):
+    from deltalake import DeltaTable
+
+    old = pa.schema([f for f in SCHEMAS[silver("task")] if f.name != "offered_json"])
+    DeltaTable.create(str(tmp_path / "lake" / "silver" / "task"), old)
+    lake = Lake(tmp_path / "lake", create=False)
+    assert "offered_json" in lake.delta(silver("task")).schema().to_arrow().names
+    row = {"task_id": "t", "offered_json": "[1, 2]", "kafka_cluster": "c", "kafka_partition": 0, "kafka_offset": 0,
+           "kafka_timestamp": 0}
+    lake.append(silver("task"), pa.Table.from_pylist([row], schema=SCHEMAS[silver("task")]))
+    assert read_table(lake, silver("task"))["offered_json"].to_list() == ["[1, 2]"]

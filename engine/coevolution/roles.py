@@ -13,8 +13,9 @@ through whoever holds a producer (the sync loop's LakeWriter, a worker's produce
 
 from __future__ import annotations
 
+import json
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from lake import Lake
 from streams import BatchScored, CheckpointPublished, RewardScored, RolloutCompleted, TaskGenerated
@@ -43,6 +44,7 @@ class GeneratedTask:
     parsed: Task | Invalid
     env_version: str
     epoch: int  # the epoch it was generated in
+    offered: list[float] = field(default_factory=list)  # the difficulty levels the simulator's request offered
 
 
 def task_of(event) -> Task | Invalid:
@@ -56,9 +58,19 @@ def task_of(event) -> Task | Invalid:
         return Invalid(f"unreadable task fields: {exc.__class__.__name__}")
 
 
+def offered_of(raw: str) -> list[float]:
+    """The offered levels a TaskGenerated carries (a producer's text: anything but a list of numbers reads as none)."""
+    try:
+        values = json.loads(raw)
+    except (ValueError, RecursionError):
+        return []
+    ok = isinstance(values, list) and all(type(v) in (int, float) for v in values)
+    return values if ok else []
+
+
 def generated_task(event) -> GeneratedTask:
     return GeneratedTask(event.task_id, event.batch_id, event.sim_prompt, event.raw_generation, task_of(event),
-                         event.env_model_version, event.epoch)
+                         event.env_model_version, event.epoch, offered_of(event.offered_json))
 
 
 def run_version(lake: Lake, kind: str, run_id: str, first: bool = False) -> int:
@@ -200,7 +212,7 @@ class Simulator(ModelRole):
                 batch_id = self.batch_id(epoch, valid) if isinstance(parsed, Task) else f"{self.run_id}-e{epoch}-invalid"
                 valid += isinstance(parsed, Task)
                 tasks.append(GeneratedTask(f"{self.run_id}-e{epoch}-t{len(tasks)}", batch_id, generation.prompt,
-                                           generation.text, parsed, str(self.version), epoch))
+                                           generation.text, parsed, str(self.version), epoch, request.offered))
         return tasks
 
     def prompt(self, request: str, tokenizer=None) -> str:
@@ -214,7 +226,7 @@ class Simulator(ModelRole):
     def event(self, task: GeneratedTask, producer: str = "simulator") -> TaskGenerated:
         common = dict(run_id=self.run_id, epoch=task.epoch, task_id=task.task_id, batch_id=task.batch_id,
                       domain=self.domain.name, env_model_version=task.env_version, sim_prompt=task.sim_prompt,
-                      raw_generation=task.generation, producer=producer)
+                      raw_generation=task.generation, offered_json=json.dumps(task.offered), producer=producer)
         if isinstance(task.parsed, Invalid):
             return TaskGenerated(**common, valid=False, invalid_reason=task.parsed.reason)
         tools, reference, difficulty = task_to_json(task.parsed)

@@ -61,6 +61,12 @@ class EpochMetrics:
     validation_accuracy: float
     seconds: dict[str, float] = field(default_factory=dict)
     updates: dict[str, str] = field(default_factory=dict)  # what each trainer did (or why it skipped)
+    # Whether the curriculum bites, from the lake's rows (engine/lineage/measures.py fills them after the epoch lands).
+    selection_bias: float = float("nan")  # chosen level - mean offered level, over valid tasks
+    chosen_levels: dict[str, int] = field(default_factory=dict)
+    offered_levels: dict[str, int] = field(default_factory=dict)
+    informative_groups_per_100: float = float("nan")  # groups with 0 < p_hat < 1 per 100 rollouts
+    success_by_level: dict[str, float] = field(default_factory=dict)
 
 
 def new_run_id(config: RunConfig) -> str:

@@ -40,6 +40,7 @@ class SimulatorRequest:
 
     prompt: str
     context: dict = field(default_factory=dict)
+    offered: list[float] = field(default_factory=list)  # the difficulty_feature values the simulator may choose from
 
 
 class Domain(Protocol):

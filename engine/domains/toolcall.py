@@ -192,7 +192,7 @@ class ToolCall:
                         for i, c in enumerate(candidates))
         prompt = (f"Pick a task and write the user's message for it, with every value, no code. {menu}. "
                   f"Assistant's results: {performance}.")
-        return SimulatorRequest(prompt, {"candidates": candidates})
+        return SimulatorRequest(prompt, {"candidates": candidates}, offered=list(levels))
 
     def parse(self, generation: str, context: dict) -> Task | Invalid:
         """The candidate whose every value the request carries (the most specific one if several do)."""

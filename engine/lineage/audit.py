@@ -14,7 +14,7 @@ versions of the pool.
 
 from __future__ import annotations
 
-import json
+from dataclasses import asdict
 
 import polars as pl
 
@@ -22,6 +22,9 @@ from lake import CHECKPOINTS, D_ENV, D_TRAIN, POOLS, QUARANTINE, CommitRecord, L
 from streams import payload_of
 from trainers import KINDS, CheckpointError, manifest, registry
 from trainers.update import POOL_OF, SEED_VERSION, new_rows
+
+from .fields import json_object, json_or_text, nan_to_none
+from .measures import curriculum_measures
 
 
 class AuditError(LookupError):
@@ -200,6 +203,7 @@ def audit_epoch(lake: Lake, epoch: int, run_id: str | None = None) -> dict:
         "agent_success_rate": round(rewards["success"].mean(), 4) if rewards.height else None,
         "batches": batches.height,
         "share_in_band": round(1 - batches["filtered"].mean(), 4) if batches.height else None,
+        **{name: nan_to_none(value) for name, value in asdict(curriculum_measures(generated, rewards)).items()},
         "checkpoints": [{"kind": c["model_kind"], "version": c["version"], "parent_version": c["parent_version"],
                          "pool_version": c["pool_version"], "sha256": c["sha256"],
                          "warm_start": bool(json_object(c["metrics_json"]).get("warm_start"))}
@@ -223,28 +227,6 @@ def quarantine_of(lake: Lake, run_id: str, epoch: int, task_ids: set[str]) -> di
         if mine:
             reasons.append(row["failed_checks"][0] if row["failed_checks"] else "unknown")
     return _counts(reasons)
-
-
-MAX_SHOWN_BRACKETS = 200
-
-
-def json_or_text(raw: str | None):
-    """A JSON field a producer wrote (reference, difficulty): its value, or the text itself when it is not JSON
-    or nests deeper than anything a domain writes (so no reader or template recurses on it)."""
-    if raw is None:
-        return None
-    if raw.count("[") + raw.count("{") > MAX_SHOWN_BRACKETS:
-        return raw
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
-        return raw
-
-
-def json_object(raw: str | None) -> dict:
-    """A JSON object field (metrics): its value, or {} when it is not a JSON object."""
-    value = json_or_text(raw)
-    return value if isinstance(value, dict) else {}
 
 
 def _counts(values: list) -> dict[str, int]:

@@ -9,13 +9,17 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from dataclasses import asdict, fields, replace
 
 import polars as pl
 
 from lake import CHECKPOINTS, Lake, read_table, silver
 
 from ..coevolution import EpochMetrics
-from .audit import json_object
+from .fields import json_object
+from .measures import CurriculumMeasures, curriculum_measures
+
+MEASURES = [f.name for f in fields(CurriculumMeasures)]
 
 FEATURE_NAME = re.compile(r"[A-Za-z0-9_ .-]{1,40}")
 MAX_FEATURES = 12
@@ -74,5 +78,13 @@ def metrics_from_lake(lake: Lake, run_id: str) -> list[EpochMetrics]:
             difficulty=difficulty_means(valid["difficulty_json"].to_list()),
             response_tokens=round(statistics.fmean(len(x) for x in ro["completion_token_ids"].to_list()), 2) if ro.height else 0.0,
             validation_accuracy=validation[-1] if validation else float("nan"),
+            **asdict(curriculum_measures(t, r)),
         ))
     return out
+
+
+def with_measures(metrics: list[EpochMetrics], lake: Lake, run_id: str) -> list[EpochMetrics]:
+    """A sync run's in-memory metrics with the curriculum measures of each epoch from the lake's rows."""
+    by_epoch = {m.epoch: m for m in metrics_from_lake(lake, run_id)}
+    return [replace(m, **{name: getattr(by_epoch[m.epoch], name) for name in MEASURES}) if m.epoch in by_epoch else m
+            for m in metrics]

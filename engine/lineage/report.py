@@ -41,7 +41,46 @@ def plot_series(metrics: list[EpochMetrics], series: dict[str, list[float]], yla
     plt.close(fig)
 
 
-PLOTS = ("success", "validation", "difficulty")
+def level_mean(histogram: dict[str, int]) -> float:
+    total = sum(histogram.values())
+    return sum(float(level) * n for level, n in histogram.items()) / total if total else float("nan")
+
+
+def plot_selection(metrics: list[EpochMetrics], path) -> None:
+    """The simulator's chosen level against the levels it was offered, and GRPO's informative groups."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    epochs = [m.epoch for m in metrics]
+    ax.plot(epochs, [level_mean(m.chosen_levels) for m in metrics], "o-", label="mean level chosen")
+    ax.plot(epochs, [level_mean(m.offered_levels) for m in metrics], "s--", label="mean level offered")
+    ax.set(xlabel="epoch", ylabel="level", title="Selection: chosen vs offered (right: informative groups)")
+    rate = ax.twinx()
+    rate.plot(epochs, [m.informative_groups_per_100 for m in metrics], "^:", color="tab:gray",
+              label="informative groups / 100 rollouts")
+    rate.set(ylabel="per 100 rollouts")
+    lines = ax.get_legend_handles_labels()[0] + rate.get_legend_handles_labels()[0]
+    ax.legend(lines, [line.get_label() for line in lines], fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_calibration(metrics: list[EpochMetrics], path) -> None:
+    """Success per level (rows) and epoch (columns), as a heat map; blank where an epoch had no task of a level."""
+    levels = sorted({level for m in metrics for level in m.success_by_level}, key=float)
+    grid = [[m.success_by_level.get(level, float("nan")) for m in metrics] for level in levels]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if levels:
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        fig.colorbar(image, ax=ax, label="success")
+        ax.set_yticks(range(len(levels)), levels)
+        ax.set_xticks(range(len(metrics)), [str(m.epoch) for m in metrics])
+    ax.set(xlabel="epoch", ylabel="level", title="Agent success per level (calibration)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+PLOTS = ("success", "validation", "difficulty", "selection", "calibration")
 
 
 def draw(name: str, metrics: list[EpochMetrics], curriculum, out) -> None:
@@ -56,8 +95,16 @@ def draw(name: str, metrics: list[EpochMetrics], curriculum, out) -> None:
         features = sorted({k for m in metrics for k in m.difficulty})
         plot_series(metrics, {k: [m.difficulty.get(k, float("nan")) for m in metrics] for k in features},
                     "mean value", "Difficulty features of valid tasks", out)
+    elif name == "selection":
+        plot_selection(metrics, out)
+    elif name == "calibration":
+        plot_calibration(metrics, out)
     else:
         raise ValueError(f"no plot {name!r}; plots: {', '.join(PLOTS)}")
+
+
+def histogram_text(histogram: dict[str, int]) -> str:
+    return ", ".join(f"{level}: {n}" for level, n in histogram.items()) or "-"
 
 
 def write_report(folder: Path, run_id: str, config: RunConfig, metrics: list[EpochMetrics], initial_accuracy: float,
@@ -71,21 +118,46 @@ def write_report(folder: Path, run_id: str, config: RunConfig, metrics: list[Epo
     rows = "\n".join(
         f"| {m.epoch} | {m.agent_version} | {m.env_version} | {m.tasks} | {m.valid_share:.2f} | {m.agent_success:.2f} | "
         f"{m.in_band_share:.2f} | {m.validation_accuracy:.3f} | {m.response_tokens:.1f} | "
-        + ", ".join(f"{k}={v}" for k, v in m.difficulty.items()) + " |"
+        + ", ".join(f"{k}={v}" for k, v in m.difficulty.items()) + f" | {m.selection_bias:+.2f} | "
+        f"{m.informative_groups_per_100:.1f} |"
         for m in metrics)
+    levels = sorted({level for m in metrics for level in m.success_by_level}, key=float)
+    calibration = "\n".join(f"| {m.epoch} | " + " | ".join(
+        f"{m.success_by_level[level]:.2f}" if level in m.success_by_level else "" for level in levels) + " |"
+        for m in metrics)
+    choices = "\n".join(f"| {m.epoch} | {histogram_text(m.chosen_levels)} | {histogram_text(m.offered_levels)} |"
+                         for m in metrics)
     page = f"""# genenv run {run_id}
 
 Domain **{config.domain}**, mode **{config.mode}**, agent `{config.agent_model}`, simulator `{config.env_model}`,
 {config.epochs} epochs x {config.tasks_per_epoch} tasks x {config.group_size} rollouts. Lake: `{lake_root}`.
 Validation accuracy before training: {initial_accuracy:.3f}.
 
-| epoch | agent v | env v | tasks | valid | agent success | batches in band | validation acc | response tokens | difficulty |
-|---|---|---|---|---|---|---|---|---|---|
+| epoch | agent v | env v | tasks | valid | agent success | batches in band | validation acc | response tokens | difficulty | selection bias | informative groups / 100 rollouts |
+|---|---|---|---|---|---|---|---|---|---|---|---|
 {rows}
+
+Selection bias: the level the simulator chose minus the mean level it was offered (NaN where the domain offers no
+choice); RWR on the curriculum reward should move it. Informative groups: groups with 0 < p_hat < 1, whose
+rollouts get a non-zero GRPO advantage.
+
+Success per level (rows: epochs; columns: levels):
+
+| epoch | {" | ".join(levels)} |
+|---|{"---|" * len(levels)}
+{calibration}
+
+Levels chosen and offered (level: count):
+
+| epoch | chosen | offered |
+|---|---|---|
+{choices}
 
 ![success per epoch](success.png)
 ![validation accuracy](validation.png)
 ![difficulty features](difficulty.png)
+![levels chosen and offered](selection.png)
+![success per level](calibration.png)
 
 Configuration: [config.toml](config.toml); per-epoch metrics: [metrics.json](metrics.json).
 Audit any task with `genenv lake status --lake {lake_root}` and the tables under it.

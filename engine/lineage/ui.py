@@ -2,7 +2,7 @@
 
     /                           runs, a task search box, links to the quarantine
     /run?id=<run>[&epoch=<n>]   a run's epochs with their metrics and plots, and its tasks
-    /plot?run=<run>&name=<n>    success, validation or difficulty, as PNG (drawn from the lake on request)
+    /plot?run=<run>&name=<n>    one of report.PLOTS (success, validation, difficulty, selection, calibration), as PNG (drawn from the lake on request)
     /tasks?q=<id>               finds a task by id (or lists ids that start with it)
     /task?id=<id>               the task's lineage: what `genenv audit task` shows
     /checkpoints/<kind>/<v>     a checkpoint's lineage: what `genenv audit checkpoint` shows
@@ -58,10 +58,12 @@ INDEX = """<p>Lake <code>{{ root }}</code>.</p>
 
 RUN = """<h2>Epochs</h2>
 <table id="epochs"><tr><th>epoch</th><th>agent v</th><th>env v</th><th>tasks</th><th>valid</th><th>agent success</th>
-<th>in band</th><th>validation</th><th>difficulty</th></tr>
+<th>in band</th><th>validation</th><th>difficulty</th><th>selection bias</th><th>informative / 100</th>
+<th>success by level</th></tr>
 {% for m in metrics %}<tr><td>{{ m.epoch }}</td><td>{{ m.agent_version }}</td><td>{{ m.env_version }}</td><td>{{ m.tasks }}</td>
 <td>{{ '%.2f' % m.valid_share }}</td><td>{{ '%.2f' % m.agent_success }}</td><td>{{ '%.2f' % m.in_band_share }}</td>
-<td>{{ m.validation_accuracy }}</td><td>{{ m.difficulty }}</td></tr>{% endfor %}</table>
+<td>{{ m.validation_accuracy }}</td><td>{{ m.difficulty }}</td><td>{{ '%+.2f' % m.selection_bias }}</td>
+<td>{{ '%.1f' % m.informative_groups_per_100 }}</td><td>{{ m.success_by_level }}</td></tr>{% endfor %}</table>
 {% for name in plots %}<img alt="{{ name }}" src="{{ url_for('plot', run=run_id, name=name) }}">{% endfor %}
 <h2>Tasks{% if epoch is not none %} of epoch {{ epoch }}{% endif %} ({{ tasks|length }}{% if truncated %} of {{ total }}{% endif %})</h2>
 <p>{% for e in epochs %}<a href="{{ url_for('run_page', id=run_id, epoch=e) }}">epoch {{ e }}</a> {% endfor %}</p>

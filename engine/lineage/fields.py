@@ -1,0 +1,33 @@
+"""Reading what a producer wrote into an event's JSON text fields (difficulty, reference, metrics): a value or a
+fallback, never an error, and never a structure deep enough to make a reader or a template recurse."""
+
+from __future__ import annotations
+
+import json
+import math
+
+MAX_SHOWN_BRACKETS = 200
+
+
+def json_or_text(raw: str | None):
+    """A JSON field a producer wrote (reference, difficulty): its value, or the text itself when it is not JSON
+    or nests deeper than anything a domain writes (so no reader or template recurses on it)."""
+    if raw is None:
+        return None
+    if raw.count("[") + raw.count("{") > MAX_SHOWN_BRACKETS:
+        return raw
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return raw
+
+
+def json_object(raw: str | None) -> dict:
+    """A JSON object field (metrics): its value, or {} when it is not a JSON object."""
+    value = json_or_text(raw)
+    return value if isinstance(value, dict) else {}
+
+
+def nan_to_none(value):
+    """JSON has no NaN: a measure that could not be computed is null in an answer."""
+    return None if isinstance(value, float) and math.isnan(value) else value

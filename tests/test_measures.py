@@ -1,0 +1,130 @@
+"""The curriculum's measures (engine/lineage/measures.py), recomputed here from the lake's rows with Polars alone,
+equal what metrics.json, the report and `genenv audit epoch` say.
+
+Two lakes: toolcall-shaped epochs whose tasks record the levels their requests offered, sent through the real
+broker, ingest and GX suites (the tiny simulator writes no valid toolcall task, so a quick toolcall run would
+have nothing to measure); and the quick arith run of conftest.py, whose report the sync loop writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import polars as pl
+import pytest
+
+from engine.coevolution import load_config
+from engine.lineage import metrics_from_lake, write_report
+from lake import Lake, ingest, read_table, silver
+from streams import RewardScored, RolloutCompleted, TaskGenerated
+
+from conftest import genenv_cli
+from demo_events import publish
+
+RUN = "toolcall-measured"
+
+
+def toolcall_epochs(epochs: int = 2, tasks: int = 6, group: int = 4) -> list:
+    """Tasks that chose a level among 3 offered (higher levels, later epochs), solved less often the harder."""
+    rng = random.Random(5)
+    events = []
+    for epoch in range(epochs):
+        for t in range(tasks):
+            task_id = f"{RUN}-e{epoch}-t{t}"
+            offered = sorted(rng.sample(range(5), 3))
+            level = offered[-1] if rng.random() < 0.3 + 0.4 * epoch else offered[0]
+            events.append(TaskGenerated(
+                run_id=RUN, epoch=epoch, task_id=task_id, batch_id=f"{RUN}-e{epoch}-b0", domain="toolcall",
+                env_model_version="1", sim_prompt="Pick a task.", raw_generation="What is the weather in Oslo?",
+                task_prompt="What is the weather in Oslo?", difficulty_json=json.dumps({"level": level}),
+                offered_json=json.dumps(offered), producer="simulator"))
+            for g in range(group):
+                ok = rng.random() < 1 - level / 5
+                events.append(RolloutCompleted(
+                    run_id=RUN, epoch=epoch, rollout_id=f"{task_id}-r{g}", task_id=task_id, group_index=g,
+                    agent_model_version="1", prompt="p", completion="c", completion_token_ids=[1],
+                    behaviour_logprobs=[-0.1], producer="rollout"))
+                events.append(RewardScored(
+                    run_id=RUN, epoch=epoch, rollout_id=f"{task_id}-r{g}", task_id=task_id, reward=float(ok), success=ok,
+                    checker_detail="scripted", producer="reward"))
+    return events
+
+
+@pytest.fixture
+def measured_lake(broker, lake, runner) -> Lake:
+    publish(broker.bootstrap, toolcall_epochs())
+    ingest(lake, broker.bootstrap, idle_exit_s=1.5, runner=runner)
+    return lake
+
+
+def recomputed(lake: Lake, run_id: str, feature: str) -> dict[int, dict]:
+    """Each epoch's measures, from silver/task and silver/reward, without genenv's code."""
+    generated = pl.col("producer") != "warm-start"
+    of_run = (pl.col("run_id") == run_id) & generated
+    tasks = read_table(lake, silver("task")).filter(of_run & pl.col("valid")).with_columns(
+        level=pl.col("difficulty_json").str.json_path_match(f"$.{feature}").cast(pl.Float64),
+        offered=pl.col("offered_json").str.json_decode(pl.List(pl.Float64)))
+    rewards = read_table(lake, silver("reward")).filter(of_run)
+    out = {}
+    for epoch in sorted(set(read_table(lake, silver("task")).filter(of_run)["epoch"])):
+        t = tasks.filter(pl.col("epoch") == epoch)
+        r = rewards.filter(pl.col("epoch") == epoch)
+        offered = t.filter(pl.col("offered").list.len() > 0)
+        groups = r.group_by("task_id").agg(pl.len().alias("n"), pl.col("success").sum().alias("s"))
+        informative = groups.filter((pl.col("s") > 0) & (pl.col("s") < pl.col("n"))).height
+        by_level = (r.join(t.select("task_id", "level"), on="task_id").group_by("level")
+                    .agg(pl.col("success").mean()).sort("level"))
+        out[epoch] = {
+            "selection_bias": (offered["level"] - offered["offered"].list.mean()).mean() if offered.height else None,
+            "informative_groups_per_100": 100 * informative / r.height if r.height else None,
+            "success_by_level": {f"{level:g}": s for level, s in by_level.iter_rows()},
+            "chosen_levels": {f"{level:g}": n for level, n in t.group_by("level").len().sort("level").iter_rows()},
+            "offered_levels": {f"{level:g}": n for level, n in
+                               offered.select(pl.col("offered").explode()).group_by("offered").len().sort("offered").iter_rows()},
+        }
+    return out
+
+
+def same(want, got) -> bool:
+    """Equal to the 4 decimals the measures keep; a measure with nothing to measure is NaN (null in JSON)."""
+    if isinstance(want, dict):
+        return isinstance(got, dict) and want.keys() == got.keys() and all(same(v, got[k]) for k, v in want.items())
+    if want is None:
+        return got is None or (isinstance(got, float) and math.isnan(got))
+    return got is not None and abs(want - got) < 1e-3
+
+
+def check_epochs(epochs: list[dict], expected: dict[int, dict]) -> None:
+    assert [m["epoch"] for m in epochs] == sorted(expected)
+    for m in epochs:
+        for name, want in expected[m["epoch"]].items():
+            assert same(want, m[name]), (m["epoch"], name, want, m[name])
+
+
+def test_measures_from_the_lake_equal_metrics_json_the_report_and_the_audit(measured_lake, tmp_path):
+    expected = recomputed(measured_lake, RUN, "level")
+    assert all(e["offered_levels"] and e["selection_bias"] is not None for e in expected.values())
+
+    metrics = metrics_from_lake(measured_lake, RUN)
+    page = write_report(tmp_path, RUN, load_config("quick", None, ["domain=toolcall"]), metrics, 0.0, measured_lake.root)
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    check_epochs(written["epochs"], expected)
+    text = page.read_text()
+    assert "| selection bias |" in text and "Success per level" in text
+    for plot in ("selection.png", "calibration.png"):
+        assert (tmp_path / plot).stat().st_size > 0 and plot in text
+
+    for epoch in expected:
+        audit = genenv_cli("audit", "epoch", str(epoch), "--lake", measured_lake.root, "--run", RUN, "--json")
+        assert audit.returncode == 0, audit.stderr[-2000:]
+        check_epochs([{**json.loads(audit.stdout), "epoch": epoch}], {epoch: expected[epoch]})
+
+
+def test_a_sync_runs_report_carries_the_measures_of_its_lake(quick_run):
+    lake, _ = quick_run
+    run_id = read_table(lake, silver("task"))["run_id"][0]
+    written = json.loads((lake.files.local(f"reports/{run_id}") / "metrics.json").read_text())
+    expected = recomputed(lake, run_id, "digits")  # arith's difficulty feature; arith offers no choice of level
+    check_epochs(written["epochs"], expected)
+    assert all(math.isnan(m["selection_bias"]) and not m["offered_levels"] for m in written["epochs"])
