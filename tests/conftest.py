@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -50,6 +54,31 @@ def genenv_cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.Comp
     """Run the installed CLI as a user would."""
     return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, **kwargs)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_server(command: list[str], port: int, what: str) -> subprocess.Popen:
+    """Start a server process and wait (60 s at most) until http://127.0.0.1:<port> answers; fail the test with
+    its output otherwise. The output goes to a file, not a pipe: a server that logs every request would block once
+    a pipe nobody reads is full."""
+    log = tempfile.TemporaryFile(mode="w+")
+    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}", timeout=2)
+            return process
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                log.seek(0)
+                pytest.fail(f"{what} did not start: {log.read()[-2000:]}")
+            time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")

@@ -6,11 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 
 import polars as pl
 import pytest
@@ -21,7 +17,7 @@ from engine.domains.arith import Arith
 from engine.lineage import replay_epoch
 from lake import CHECKPOINTS, Lake, read_table, silver
 
-from conftest import ROOT, genenv_cli
+from conftest import free_port, genenv_cli, http_server
 
 
 def run_of(lake: Lake) -> str:
@@ -161,30 +157,13 @@ def test_rescore_with_a_changed_checker_reports_exactly_the_rows_whose_reward_ch
 # -- the web view, in a real headless browser ------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def ui_server(quick_run):
     lake, _ = quick_run
-    port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "engine.cli", "ui", "--lake", lake.root, "--port", str(port)],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"genenv ui did not start: {process.stdout.read()[-2000:]}")
-            time.sleep(0.3)
-    yield url
+    port = free_port()
+    process = http_server([sys.executable, "-m", "engine.cli", "ui", "--lake", lake.root, "--port", str(port)], port,
+                          "genenv ui")
+    yield f"http://127.0.0.1:{port}"
     process.terminate()
     process.wait(timeout=10)
 

@@ -5,43 +5,23 @@ remote lake genenv cannot use stops before any work."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 
 import boto3
 import pytest
 
 from lake import Lake, LakeError, LakeFiles, read_table, silver
 
-from conftest import genenv_cli
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import free_port, genenv_cli, http_server
 
 
 @pytest.fixture(scope="module")
 def s3():
     """moto's S3 server on a free local port; the AWS_* options that point genenv at it, with a bucket `lake`."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = http_server([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port,
+                         "moto's S3 server")
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(endpoint, timeout=1)
-            break
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                pytest.fail("moto's S3 server did not start")
-            time.sleep(0.2)
     env = {"AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_ALLOW_HTTP": "true"}
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
