@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from engine.domains import Verdict
 from engine.domains.arith import Arith
-from engine.lineage import replay_epoch
+from engine.lineage import PLOTS, replay_epoch
 from lake import CHECKPOINTS, Lake, read_table, silver
 
 from conftest import free_port, genenv_cli, http_server
@@ -218,7 +218,7 @@ def test_the_browser_finds_a_task_by_id_and_sees_its_rollouts(quick_run, ui_serv
     assert browser.find_elements(By.CSS_SELECTOR, "#epochs tr")
     plots = browser.find_elements(By.TAG_NAME, "img")
     WebDriverWait(browser, 30).until(lambda b: all(b.execute_script("return arguments[0].complete", img) for img in plots))
-    assert len(plots) == 3 and all(browser.execute_script("return arguments[0].naturalWidth", img) > 0 for img in plots)
+    assert len(plots) == len(PLOTS) and all(browser.execute_script("return arguments[0].naturalWidth", img) > 0 for img in plots)
     browser.find_element(By.LINK_TEXT, "quarantine").click()
     arrive("quarantine")
     browser.find_element(By.LINK_TEXT, "evals").click()
