@@ -57,7 +57,7 @@ def test_a_quick_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_path, m
     assert f"quick/runs/{run_id}.toml" in stored
     assert f"quick/reports/{run_id}/report.md" in stored
     registry = read_table(lake, "registry/checkpoints")
-    assert registry.height >= 4  # the warm starts of both roles and the agent's two GRPO updates
+    assert registry.height >= 3  # the warm starts of both roles and at least one GRPO update of the agent
     for row in registry.iter_rows(named=True):
         assert f"quick/{row['path']}/model.safetensors" in stored
     # Nothing of the lake was written beside it on the local disk.
@@ -77,12 +77,13 @@ def test_a_quick_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_path, m
     for c in answer["checkpoints"]:
         assert c["replayed_sha256"] == c["recorded_sha256"], c
 
-    # Retention lists and deletes checkpoint folders in the bucket; the registry keeps every version's lineage.
+    # Retention lists and deletes checkpoint folders in the bucket (keeping the last version and its parent); the
+    # registry keeps every version's lineage.
+    agent_versions = sorted(registry.filter(registry["model_kind"] == "agent")["version"].to_list())
     prune = genenv_cli("lake", "prune", "--lake", root, "--keep-last", "1", "--apply", env=env, timeout=120)
     assert prune.returncode == 0, prune.stderr[-2000:]
-    left = keys(client, "quick/checkpoints/agent/")
-    assert not any(key.startswith("quick/checkpoints/agent/v1/") for key in left)
-    assert any(key.startswith("quick/checkpoints/agent/v2/") for key in left)
+    left = {key.split("/")[3] for key in keys(client, "quick/checkpoints/agent/")}
+    assert left == {f"v{v}" for v in agent_versions[-2:]}, (left, agent_versions)
     assert read_table(lake, "registry/checkpoints").height == registry.height
 
 
