@@ -45,6 +45,7 @@ from obstore.store import from_url
 REMOTE_SCHEMES = ("s3",)
 OPTION_NAMES = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
                 "AWS_ALLOW_HTTP")
+CHUNK = 8 << 20  # bytes per write when a file is downloaded
 WEIGHT_SUFFIXES = (".safetensors", "weights.sha256")  # uploaded last (see the invariants)
 
 
@@ -176,7 +177,9 @@ class LakeFiles:
                 for item in batch:
                     target = partial / item["path"][len(relative) + 1:]
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(bytes(obstore.get(self._store, item["path"]).bytes()))
+                    with open(target, "wb") as out:  # streamed: a weights shard is gigabytes
+                        for chunk in obstore.get(self._store, item["path"]).stream(min_chunk_size=CHUNK):
+                            out.write(chunk)
         except Exception as exc:  # noqa: BLE001
             shutil.rmtree(partial, ignore_errors=True)
             raise StorageError(f"cannot download {self.root}/{relative}: {first_line(exc)}") from None
