@@ -69,7 +69,10 @@ def test_a_quick_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_path, m
     record = json.loads(audit.stdout)
     assert len(record["rollouts"]) == 4 and record["checkpoints"]
 
-    replay = genenv_cli("replay", "--epoch", "1", "--lake", root, "--json",
+    # Replay an epoch that registered a GRPO update of the agent (an epoch whose groups were all right or all
+    # wrong trains nothing, and with the quick profile that can be epoch 1).
+    updates = registry.filter((registry["model_kind"] == "agent") & registry["parent_version"].is_not_null())
+    replay = genenv_cli("replay", "--epoch", str(updates["epoch"].max()), "--lake", root, "--json",
                         env={**env, "GENENV_CACHE": str(tmp_path / "replay-cache")}, timeout=600)
     assert replay.returncode == 0, replay.stdout[-2000:] + replay.stderr[-3000:]
     answer = json.loads(replay.stdout[replay.stdout.index("{"):])

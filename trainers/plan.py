@@ -10,7 +10,9 @@ What a device holds at the peak of a run, the sync loop's way (one update at a t
     generation    both roles' models in `dtype` (transformers), or each vLLM engine's reservation
                   (gpu_memory_utilization x device memory; the weights live inside it)
     + the largest update:
-      master      the trainer's fp32 weights (with LoRA: the base weights in `dtype`, adapters in fp32)
+      master      the trainer's fp32 weights (with LoRA: the base weights in `dtype`, adapters in fp32); in
+                  mixed precision (fp32 master, 16-bit `dtype`) also autocast's 16-bit copy of them, which the
+                  backward pass holds (measured on an H200 by tests/gpu/check.py)
       gradients   fp32, of what is trained
       optimizer   AdamW: two fp32 moments of what is trained
       reference   the base model in `dtype`, when beta > 0 (GRPO) or kl_coef > 0 (RWR) (with LoRA too: the
@@ -147,7 +149,7 @@ def update_plan(role: str, arch: Architecture, options, dtype: str, prompt_token
         master = n * BYTES[dtype] + trained * 4
     else:
         trained = n
-        master = n * 4
+        master = n * 4 + (n * BYTES[dtype] if dtype != "fp32" else 0)
     uses_reference = bool(getattr(options, "beta", 0) or getattr(options, "kl_coef", 0))
     reference = n * BYTES[dtype] if uses_reference else 0
     rows = options.per_device_train_batch_size
