@@ -207,7 +207,7 @@ def run(
             metrics = with_measures(metrics, lake_, engine.run_id)
     relative = f"reports/{engine.run_id}"
     page = write_report(report or lake_.files.local(relative), engine.run_id, cfg, metrics, engine.initial_accuracy,
-                        lake_.root)
+                        lake_.root, engine.initial_validation.by_level, engine.final_benchmark)
     if report is None and lake_.files.remote:
         lake_.files.upload_folder(relative)
         console.print(f"report uploaded to {lake_.root}/{relative}")
@@ -278,7 +278,7 @@ def _has_cuda() -> bool:
 @experiment_app.command("ablation")
 def ablation(
     domain: Annotated[str, typer.Option(help="arith, toolcall or qa.")] = "toolcall",
-    seeds: Annotated[int, typer.Option(help="Seeds per mode.")] = 3,
+    seeds: Annotated[int, typer.Option(help="Seeds per mode.")] = 5,
     lake: LakeOpt = "genenv-ablation-lake",
     bootstrap: BootstrapOpt = None,
     profile: Annotated[str, typer.Option(help="Profile the runs start from.")] = "default",
@@ -288,6 +288,7 @@ def ablation(
 ) -> None:
     """genenv, genenv-random, genenv-static and seeds-only at equal rollout budget: a table and a plot."""
     from engine.coevolution import load_config, run_ablation
+    from engine.lineage import with_measures
 
     _check_positive(seeds=seeds)
     try:
@@ -299,16 +300,17 @@ def ablation(
         lake_ = Lake(lake)
         relative = f"reports/ablation-{cfg.domain}"
         folder = out or lake_.files.local(relative)
-        table = run_ablation(cfg, seeds, lake_, servers, folder, say=console.print, phase=phase)
+        table = run_ablation(cfg, seeds, lake_, servers, folder, say=console.print, phase=phase, measure=with_measures)
         if out is None and lake_.files.remote:
             lake_.files.upload_folder(relative)
             console.print(f"ablation report uploaded to {lake_.root}/{relative}")
-    summary = Table(title=f"ablation: {cfg.domain}, {seeds} seeds")
-    for column in ("mode", "final validation (mean ± sd)", "gain", "in band"):
+    from engine.coevolution.experiment import cell
+
+    summary = Table(title=f"ablation: {cfg.domain}, {seeds} seeds (mean [95% bootstrap interval])")
+    for column in ("mode", "validation gain", "in band, last half", "selection bias"):
         summary.add_column(column)
-    for mode, t in table.items():
-        summary.add_row(mode, f"{t['final_validation'][0]:.3f} ± {t['final_validation'][1]:.3f}",
-                        f"{t['gain'][0]:+.3f} ± {t['gain'][1]:.3f}", f"{t['in_band_share'][0]:.2f}")
+    for mode, t in table["modes"].items():
+        summary.add_row(mode, cell(t["validation_gain"], True), cell(t["in_band_last_half"]), cell(t["selection_bias"], True))
     console.print(summary)
     console.print(f"table and plot: {folder}")
 

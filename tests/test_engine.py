@@ -238,3 +238,40 @@ def test_toolcall_seeds_can_come_from_api_bank():
         assert text == task.prompt and domain.check(task, domain.reference_answer(task)).success
     with pytest.raises(ValueError, match="does not exist"):
         get_domain("toolcall", str(data / "missing.json"))
+
+
+def test_toolcall_levels_climb_a_ladder_and_the_candidates_span_it():
+    """Each level adds what makes a call harder (parallel calls, distractors from API-Bank's catalogue, values
+    said in words), the simulator is offered one candidate from each quarter of the range, and a request that
+    says a value in words is parsed to its candidate while the agent must still write the call's form."""
+    import random
+
+    from engine.domains.toolcall import BANDS, LEVELS, TOOLS, catalogue, spoken
+
+    toolcall = get_domain("toolcall")
+    assert len(catalogue()) >= 40  # data/api-bank's API descriptions
+    for seed in range(20):
+        request = toolcall.simulator_request(random.Random(seed), "none")
+        assert all(low <= level <= high for level, (low, high) in zip(request.offered, BANDS))
+    tasks = toolcall.validation_set(2 * len(LEVELS))
+    for task in tasks:
+        parallel, _, distractors, said = LEVELS[task.difficulty["level"]]
+        assert task.difficulty["parallel_calls"] == parallel and task.difficulty["distractors"] == distractors
+        assert toolcall.check(task, toolcall.reference_answer(task)).success
+    hardest = [t for t in tasks if t.difficulty["level"] == len(LEVELS) - 1]
+    assert all(any(tool["name"] not in TOOLS for tool in t.tools) for t in hardest)  # API-Bank distractors
+    # A spoken-form level: the request says 'euros' (or 'seven'), the call takes 'EUR' (or 7).
+    worded = [t for t in tasks if LEVELS[t.difficulty["level"]][3] and any(
+        spoken(v) != str(v) for c in t.reference for v in c["arguments"].values())]
+    assert worded
+    for task in worded:
+        call = next(c for c in task.reference if any(spoken(v) != str(v) for v in c["arguments"].values()))
+        name, value = next((k, v) for k, v in call["arguments"].items() if spoken(v) != str(v))
+        assert spoken(value).lower() in task.prompt.lower()
+        literal = toolcall.reference_answer(task).replace(repr(value), repr(spoken(value)), 1)
+        assert not toolcall.check(task, literal).success, (name, value, literal)
+    # The simulator may write the words too: the parser finds the candidate from them.
+    request = toolcall.simulator_request(random.Random(3), "none")
+    top = request.context["candidates"][-1]
+    text = "Please: " + " ".join(spoken(v) for c in top["calls"] for v in c["arguments"].values())
+    assert toolcall.parse(text, request.context).difficulty["level"] == top["level"]

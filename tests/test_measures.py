@@ -128,3 +128,31 @@ def test_a_sync_runs_report_carries_the_measures_of_its_lake(quick_run):
     expected = recomputed(lake, run_id, "digits")  # arith's difficulty feature; arith offers no choice of level
     check_epochs(written["epochs"], expected)
     assert all(math.isnan(m["selection_bias"]) and not m["offered_levels"] for m in written["epochs"])
+
+
+def test_the_ablation_summary_pairs_seeds_and_bounds_each_mean():
+    """Per mode the mean over seeds inside its bootstrap interval; the paired difference is taken seed by seed."""
+    from engine.coevolution.experiment import BASELINE, MEASURES, summarise
+
+    rng = random.Random(3)
+
+    def run(seed: int, lift: float) -> dict:
+        return {"seed": seed, "initial": 0.5, "validation": [0.5, 0.5 + lift + 0.01 * seed],
+                "in_band": [0.2, 0.4 + lift, 0.6 + lift], "selection_bias": [0.1 * seed, math.nan, 0.1 * seed + lift],
+                "informative": [rng.uniform(0, 10) for _ in range(3)]}
+
+    results = {"genenv": [run(s, 0.1) for s in range(5)], BASELINE: [run(s, 0.0) for s in range(5)]}
+    table = summarise(results)
+    for mode, measures in table["modes"].items():
+        assert set(measures) == set(MEASURES)
+        for stats in measures.values():
+            assert stats["n"] == 5 and stats["low"] <= stats["mean"] <= stats["high"]
+    gain = table["modes"]["genenv"]["validation_gain"]
+    assert gain["mean"] == pytest.approx(0.12)  # 0.1 + the mean of 0.01 x seed
+    assert table["modes"]["genenv"]["in_band_last_half"]["mean"] == pytest.approx(0.6)  # epochs 1 and 2 of 3
+    paired = table[f"paired_vs_{BASELINE}"]["genenv"]
+    # Every seed gains exactly 0.1 over its own baseline run: the paired interval is that point, though the
+    # seeds' spread widens each mode's own interval.
+    assert paired["validation_gain"] == {"n": 5, "mean": pytest.approx(0.1), "low": pytest.approx(0.1), "high": pytest.approx(0.1)}
+    assert gain["high"] - gain["low"] > 0.01
+    assert paired["selection_bias_per_epoch"]["mean"] == pytest.approx(0.05)  # +0.1 over two epochs, NaN left out

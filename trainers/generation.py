@@ -98,12 +98,19 @@ class TransformersBackend:
         with the prompts done so far."""
         sampling = sampling or SamplingConfig()
         seeds = prompt_seeds(sampling, len(prompts), seeds)
-        out: list[Generation] = []
+        # Batches of prompts of similar length: less padding, and answers that tend to end together (a batch
+        # runs until its longest answer ends). Each sample depends only on its prompt and seed, so the order
+        # changes no result.
+        lengths = [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        order = sorted(range(len(prompts)), key=lengths.__getitem__)
+        out: list[Generation | None] = [None] * len(prompts)
         for start in range(0, len(prompts), self.batch_size):
-            end = start + self.batch_size
-            out.extend(self._generate_batch(prompts[start:end], sampling, seeds[start:end]))
+            chunk = order[start:start + self.batch_size]
+            for i, generation in zip(chunk, self._generate_batch([prompts[i] for i in chunk], sampling,
+                                                                 [seeds[i] for i in chunk])):
+                out[i] = generation
             if progress:
-                progress(len(out), len(prompts))
+                progress(min(start + self.batch_size, len(prompts)), len(prompts))
         return out
 
     def _generate_batch(self, prompts: list[str], sampling: SamplingConfig, seeds: list[int]) -> list[Generation]:

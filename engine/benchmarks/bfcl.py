@@ -30,6 +30,7 @@ from .base import Ask, Benchmark, DataMissing, Item, ItemResult, limited, mean, 
 
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
 AST_CATEGORIES = CATEGORIES[:4]
+FINAL_CATEGORIES = ("simple_python", "multiple")  # a run's end-of-run subset (RunConfig.final_bfcl_items)
 SYSTEM = ("You are an expert in composing functions. You are given a question and a set of possible functions. "
           "Based on the question, make one or more function calls to achieve the purpose. If none of the functions "
           "can be used, point it out and make no call. Reply with the calls only, in the format "

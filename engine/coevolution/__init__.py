@@ -16,14 +16,15 @@ from .curriculum import CurriculumConfig, GroupScore, env_reward, in_band, score
 from .experiment import run_ablation
 from .progress import Phase, Say, no_phase
 from .roles import (
-    GeneratedTask, ModelRole, Rollouts, Scorer, Simulator, Updater, checkpoint_event, generated_task, run_version, task_of,
+    GeneratedTask, ModelRole, Rollouts, Scorer, Simulator, Updater, Validation, checkpoint_event, generated_task, run_version,
+    task_of,
 )
 from .sync import CoEvolution, EpochMetrics
 from .writer import LakeWriter, publish_checkpoint
 
 __all__ = [
     "MODES", "PROFILES", "CoEvolution", "CurriculumConfig", "EpochMetrics", "GeneratedTask", "GroupScore", "LakeWriter",
-    "ModelRole", "Phase", "Rollouts", "RunConfig", "Say", "Scorer", "Simulator", "Updater", "check_machine", "check_plan", "check_run_id",
+    "ModelRole", "Phase", "Rollouts", "RunConfig", "Say", "Scorer", "Simulator", "Updater", "Validation", "check_machine", "check_plan", "check_run_id",
     "checkpoint_event", "env_reward", "generated_task", "in_band", "load_config", "no_phase", "publish_checkpoint",
     "record_run_config", "recorded_run_config", "run_ablation", "run_version", "score_groups", "task_of", "to_toml",
 ]

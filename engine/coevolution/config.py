@@ -44,11 +44,14 @@ class RunConfig:
     seed: int = 0
     run_id: str = ""  # default: <domain>-<mode>-s<seed>-<time>
     temperature: float = 0.8  # sampling temperature of rollouts and task generations
-    agent_max_new_tokens: int = 24
-    env_max_new_tokens: int = 40
+    agent_max_new_tokens: int = 72  # toolcall's hardest level: three calls, up to ~63 tokens
+    env_max_new_tokens: int = 64  # a request that states every value of three calls
     generation_batch_size: int = 32
     max_generation_attempts: int = 4  # rounds of simulator generation to reach tasks_per_epoch valid tasks
-    validation_size: int = 24  # held-out tasks scored greedily after every epoch
+    validation_size: int = 200  # held-out tasks scored greedily (in batches) before training and after each update
+    # After the last epoch: the agent on the first N items of BFCL's simple_python and of its multiple category
+    # (bfcl-eval's data and checker, as `genenv eval` scores them), recorded in the lake's eval tables. 0: none.
+    final_bfcl_items: int = 0
     warm_start: bool = True  # SFT both models on seed tasks before epoch 0 (docs/DESIGN.md)
     # On 2 CPU cores a 135M model trains at ~100 tokens/s: 24 seeds x 2 passes is about 80 s per model.
     warm_start_tasks: int = 24
@@ -89,6 +92,8 @@ class RunConfig:
             raise ValueError(f"group_size must be >= 2 (GRPO compares rollouts within a group), got {self.group_size}")
         if self.seeds_path:
             get_domain(self.domain, self.seeds_path).seed_file  # read now: raises naming what is missing
+        if self.final_bfcl_items < 0:
+            raise ValueError(f"final_bfcl_items must be >= 0, got {self.final_bfcl_items}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.backend not in ("transformers", "vllm"):
@@ -118,6 +123,14 @@ def check_machine(config: RunConfig) -> None:
         config.precision.resolved()
     except ValueError as exc:
         raise ValueError(str(exc)) from None
+    if config.final_bfcl_items:
+        from ..benchmarks import DataMissing
+        from ..benchmarks.bfcl import BFCL, FINAL_CATEGORIES
+
+        try:
+            BFCL(FINAL_CATEGORIES).load(None, 1)
+        except DataMissing as exc:
+            raise ValueError(f"final_bfcl_items: {exc}") from None
     if config.backend == "vllm":
         ok, why = vllm_available()
         if not ok:

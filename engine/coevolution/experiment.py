@@ -1,102 +1,181 @@
 """The ablation (docs/DESIGN.md, "Modes and the ablation"): the four modes at equal agent-rollout budget, over several seeds.
 
 Every mode runs tasks_per_epoch x group_size rollouts per epoch for the same number of epochs, so
-the agent sees the same number of rollouts; what differs is where its tasks come from. The table
-gives the mean and standard deviation over seeds of the final validation accuracy (and its gain
-over the same seed's accuracy before training); the plot, validation accuracy per epoch per mode.
+the agent sees the same number of rollouts; what differs is where its tasks come from. Every mode of a
+seed starts from that seed's warm start. The table gives, per mode, the mean over seeds and a 95%
+bootstrap interval of each measure (MEASURES: validation, its gain, the in-band share over the last
+half of the epochs, the simulator's selection bias and its trend, informative groups), and the paired
+differences against genenv-random; the plot, validation accuracy, in-band share and selection bias per
+epoch per mode.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 from pathlib import Path
+from typing import Callable
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy.stats import bootstrap  # noqa: E402
 
 from lake import Lake  # noqa: E402
 
 from .config import MODES, RunConfig  # noqa: E402
-from .sync import CoEvolution  # noqa: E402
+from .sync import CoEvolution, EpochMetrics  # noqa: E402
 from .writer import LakeWriter  # noqa: E402
 
 
-def run_ablation(base: RunConfig, seeds: int, lake: Lake, bootstrap: str, out: Path, say=print,
-                 modes: tuple[str, ...] = MODES, phase=None) -> dict:
+def run_ablation(base: RunConfig, seeds: int, lake: Lake, servers: str, out: Path, say=print,
+                 modes: tuple[str, ...] = MODES, phase=None,
+                 measure: Callable[[list[EpochMetrics], Lake, str], list[EpochMetrics]] = lambda m, lake, run_id: m) -> dict:
+    """measure(metrics, lake, run_id): each run's metrics with the curriculum measures filled from the lake
+    (engine.lineage.with_measures; passed in, as the lineage package depends on this one)."""
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict]] = {mode: [] for mode in modes}
     for seed in range(seeds):
-        start_from = (0, 0)
+        start_from, initial = (0, 0), None
         for mode in ("genenv", *[m for m in modes if m != "genenv"]):
             # Every mode of a seed starts from the same warm-started models (the first run's), so the modes
             # differ only in where the agent's tasks come from.
             warm = base.warm_start and start_from == (0, 0)
             config = dataclasses.replace(base, mode=mode, seed=seed, run_id="", warm_start=warm)
             say(f"[ablation] {mode}, seed {seed}")
-            with LakeWriter(lake, bootstrap) as writer:
+            with LakeWriter(lake, servers) as writer:
                 engine = CoEvolution(config, lake, writer, say=say, start_from=start_from, phase=phase)
-                metrics = engine.run()
-            if warm:
-                start_from = engine.warm_started
+                if initial is not None:  # the same models as the seed's first run: its validation holds
+                    engine.initial_validation = initial
+                metrics = measure(engine.run(), lake, engine.run_id)
+            if warm or initial is None:
+                start_from, initial = engine.warm_started, engine.initial_validation
             if mode not in modes:
                 continue
             results[mode].append({
                 "run_id": engine.run_id, "seed": seed, "initial": engine.initial_accuracy,
                 "validation": [m.validation_accuracy for m in metrics],
                 "agent_success": [m.agent_success for m in metrics], "in_band": [m.in_band_share for m in metrics],
-                "difficulty": [m.difficulty for m in metrics],
+                "difficulty": [m.difficulty for m in metrics], "selection_bias": [m.selection_bias for m in metrics],
+                "informative": [m.informative_groups_per_100 for m in metrics],
+                "validation_by_level": [engine.initial_validation.by_level] + [m.validation_by_level for m in metrics],
             })
             (out / "runs.json").write_text(json.dumps(results, indent=2))  # progress survives an interruption
     table = summarise(results)
-    (out / "ablation.json").write_text(json.dumps(table, indent=2))
+    (out / "ablation.json").write_text(json.dumps(table, indent=2, allow_nan=False))
     (out / "ablation.md").write_text(markdown(table, base, seeds))
     plot(results, out / "ablation.png")
     return table
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+def _finite(values) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def _slope(values: list[float]) -> float:
+    """Least-squares change per epoch (NaN epochs left out; NaN with fewer than two)."""
+    points = [(i, v) for i, v in enumerate(values) if isinstance(v, (int, float)) and math.isfinite(v)]
+    if len(points) < 2:
+        return math.nan
+    return statistics.linear_regression([float(i) for i, _ in points], [v for _, v in points]).slope
+
+
+def _mean_or_nan(values) -> float:
+    finite = _finite(values)
+    return statistics.fmean(finite) if finite else math.nan
+
+
+# What each run is measured by (one number per run): the targets of docs/DESIGN.md, "Modes and the ablation".
+MEASURES: dict[str, Callable[[dict], float]] = {
+    "final_validation": lambda r: r["validation"][-1],
+    "validation_gain": lambda r: r["validation"][-1] - r["initial"],
+    "in_band_last_half": lambda r: _mean_or_nan(r["in_band"][len(r["in_band"]) // 2:]),
+    "selection_bias": lambda r: _mean_or_nan(r["selection_bias"]),
+    "selection_bias_per_epoch": lambda r: _slope(r["selection_bias"]),
+    "informative_per_100": lambda r: _mean_or_nan(r["informative"]),
+}
+BASELINE = "genenv-random"  # what the paired differences are taken against
+
+
+def interval(values: list[float], resamples: int = 2000) -> dict:
+    """Mean and 95% percentile-bootstrap interval over seeds (scipy.stats.bootstrap); NaN values left out."""
+    finite = _finite(values)
+    if not finite:
+        return {"n": 0, "mean": None, "low": None, "high": None}
+    mean = statistics.fmean(finite)
+    if len(finite) < 2 or max(finite) == min(finite):
+        return {"n": len(finite), "mean": mean, "low": mean, "high": mean}
+    ci = bootstrap((np.array(finite),), np.mean, confidence_level=0.95, n_resamples=resamples, method="percentile",
+                   rng=np.random.default_rng(0)).confidence_interval
+    return {"n": len(finite), "mean": mean, "low": float(ci.low), "high": float(ci.high)}
 
 
 def summarise(results: dict[str, list[dict]]) -> dict:
-    table = {}
-    for mode, runs in results.items():
-        final = [r["validation"][-1] for r in runs]
-        gain = [r["validation"][-1] - r["initial"] for r in runs]
-        band = [statistics.fmean(r["in_band"]) for r in runs]
-        table[mode] = {"runs": len(runs), "final_validation": _mean_std(final), "gain": _mean_std(gain),
-                       "in_band_share": _mean_std(band)}
-    return table
+    """Per mode, each measure's mean and bootstrap interval over seeds; per mode but the baseline, the same of the
+    paired difference against the baseline's run of the same seed (seeds share their warm start, so pairing
+    takes the seed's own luck out)."""
+    per_run = {mode: {r["seed"]: {name: f(r) for name, f in MEASURES.items()} for r in runs} for mode, runs in results.items()}
+    modes = {mode: {name: interval([m[name] for m in runs.values()]) for name in MEASURES} for mode, runs in per_run.items()}
+    paired = {}
+    if BASELINE in per_run:
+        base = per_run[BASELINE]
+        for mode, runs in per_run.items():
+            if mode == BASELINE:
+                continue
+            seeds = sorted(set(runs) & set(base))
+            paired[mode] = {name: interval([runs[s][name] - base[s][name] for s in seeds]) for name in MEASURES}
+    return {"modes": modes, f"paired_vs_{BASELINE}": paired}
+
+
+def cell(stats: dict, signed: bool = False) -> str:
+    if stats["mean"] is None:
+        return "-"
+    sign = "+" if signed else ""
+    return f"{stats['mean']:{sign}.3f} [{stats['low']:{sign}.3f}, {stats['high']:{sign}.3f}]"
 
 
 def markdown(table: dict, base: RunConfig, seeds: int) -> str:
-    rows = "\n".join(
-        f"| {mode} | {t['runs']} | {t['final_validation'][0]:.3f} ± {t['final_validation'][1]:.3f} | "
-        f"{t['gain'][0]:+.3f} ± {t['gain'][1]:.3f} | {t['in_band_share'][0]:.2f} |"
-        for mode, t in table.items())
+    names = list(MEASURES)
+    header = "| mode | n | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names)
+    rows = "\n".join(f"| {mode} | {next(iter(t.values()))['n']} | " + " | ".join(cell(t[n]) for n in names) + " |"
+                     for mode, t in table["modes"].items())
+    paired = table[f"paired_vs_{BASELINE}"]
+    diffs = "\n".join(f"| {mode} - {BASELINE} | {t['final_validation']['n']} | " + " | ".join(cell(t[n], True) for n in names)
+                      + " |" for mode, t in paired.items())
     return (f"# Ablation: {base.domain}, {seeds} seeds, {base.epochs} epochs x {base.tasks_per_epoch} tasks x "
             f"{base.group_size} rollouts, agent {base.agent_model}\n\n"
-            "| mode | runs | final validation accuracy (mean ± sd) | gain over start | batches in band |\n"
-            f"|---|---|---|---|---|\n{rows}\n\n![validation per epoch](ablation.png)\n")
+            "Each cell: the mean over seeds and its 95% bootstrap interval. final_validation and validation_gain: "
+            f"held-out greedy accuracy ({base.validation_size} items) after the last epoch, and its change from before "
+            "training; in_band_last_half: share of scored groups in the alpha band over the last half of the epochs; "
+            "selection_bias: the level the simulator chose minus the mean level offered (selection_bias_per_epoch: "
+            "its least-squares change per epoch); informative_per_100: groups with 0 < p_hat < 1 per 100 "
+            f"rollouts.\n\n{header}\n{rows}\n\nPaired differences against {BASELINE} (same seed, same warm start):"
+            f"\n\n{header.replace('| mode |', '| modes |')}\n{diffs}\n\n![ablation](ablation.png)\n")
 
 
 def plot(results: dict[str, list[dict]], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for mode, runs in results.items():
-        if not runs:
-            continue
-        curves = [[r["initial"]] + r["validation"] for r in runs]
-        means = [statistics.fmean(c[i] for c in curves) for i in range(len(curves[0]))]
-        sds = [statistics.stdev(c[i] for c in curves) if len(curves) > 1 else 0.0 for i in range(len(curves[0]))]
-        xs = list(range(-1, len(means) - 1))
-        ax.plot(xs, means, "o-", label=mode)
-        ax.fill_between(xs, [m - s for m, s in zip(means, sds)], [m + s for m, s in zip(means, sds)], alpha=0.15)
-    ax.set(xlabel="epoch (-1: before training)", ylabel="validation accuracy", title="Ablation: validation accuracy")
-    ax.legend(fontsize=7)
+    """Per mode, the mean over seeds per epoch (band: +- one standard deviation) of validation accuracy (with
+    the start at epoch -1), the in-band share and the selection bias."""
+    panels = (("validation accuracy", lambda r: [r["initial"]] + r["validation"], -1),
+              ("groups in band", lambda r: r["in_band"], 0), ("selection bias (levels)", lambda r: r["selection_bias"], 0))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for ax, (title, series, first) in zip(axes, panels):
+        for mode, runs in results.items():
+            if not runs:
+                continue
+            curves = [series(r) for r in runs]
+            columns = [_finite(c[i] for c in curves) for i in range(len(curves[0]))]
+            means = [statistics.fmean(c) if c else math.nan for c in columns]
+            sds = [statistics.stdev(c) if len(c) > 1 else 0.0 for c in columns]
+            xs = list(range(first, first + len(means)))
+            ax.plot(xs, means, "o-", label=mode)
+            ax.fill_between(xs, [m - d for m, d in zip(means, sds)], [m + d for m, d in zip(means, sds)], alpha=0.15)
+        ax.set(xlabel="epoch" + (" (-1: before training)" if first < 0 else ""), title=title)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

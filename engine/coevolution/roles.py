@@ -82,6 +82,15 @@ def run_version(lake: Lake, kind: str, run_id: str, first: bool = False) -> int:
     return int(rows["version"].min() if first else rows["version"].max())
 
 
+@dataclass(frozen=True)
+class Validation:
+    """Greedy success on the domain's held-out set: overall, and per level of its difficulty feature (keys as
+    engine/lineage/measures.py writes levels; empty when the tasks carry no such feature)."""
+
+    accuracy: float
+    by_level: dict[str, float] = field(default_factory=dict)
+
+
 def _quiet(done: int, total: int) -> None:
     pass
 
@@ -257,11 +266,20 @@ class Rollouts(ModelRole):
             completion=generation.text, completion_token_ids=generation.token_ids,
             behaviour_logprobs=generation.logprobs, producer=producer) for i, generation in enumerate(generations)]
 
-    def validate(self, tasks: list[Task], progress: Tick = _quiet) -> float:
-        """Mean success of greedy answers to `tasks` (the domain's held-out set)."""
+    def validate(self, tasks: list[Task], progress: Tick = _quiet) -> Validation:
+        """Success of greedy answers to `tasks` (the domain's held-out set, generated in batches), overall and
+        per level."""
         generations = self.generate([self.prompt(t) for t in tasks], self.config.agent_max_new_tokens, greedy=True,
                                     progress=progress)
-        return sum(self.domain.check(t, g.text).success for t, g in zip(tasks, generations)) / max(len(tasks), 1)
+        successes = [self.domain.check(t, g.text).success for t, g in zip(tasks, generations)]
+        feature = getattr(self.domain, "difficulty_feature", "")
+        by_level: dict[str, list[bool]] = {}
+        for task, success in zip(tasks, successes):
+            level = task.difficulty.get(feature)
+            if isinstance(level, (int, float)):
+                by_level.setdefault(f"{level:g}", []).append(success)
+        return Validation(round(sum(successes) / max(len(tasks), 1), 4),
+                          {level: round(sum(s) / len(s), 4) for level, s in sorted(by_level.items(), key=lambda x: float(x[0]))})
 
 
 class Scorer:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import random
 import statistics
 import time
@@ -42,7 +43,7 @@ from trainers.update import SEED_VERSION
 from ..domains import Task, get_domain
 from .config import RunConfig, record_run_config
 from .progress import Phase, Say, no_phase
-from .roles import GeneratedTask, Rollouts, Scorer, Simulator, Updater, generated_task, run_version
+from .roles import GeneratedTask, Rollouts, Scorer, Simulator, Updater, Validation, generated_task, run_version
 from .writer import LakeWriter
 
 
@@ -67,6 +68,7 @@ class EpochMetrics:
     offered_levels: dict[str, int] = field(default_factory=dict)
     informative_groups_per_100: float = float("nan")  # groups with 0 < p_hat < 1 per 100 rollouts
     success_by_level: dict[str, float] = field(default_factory=dict)
+    validation_by_level: dict[str, float] = field(default_factory=dict)  # held-out greedy success per level
 
 
 def new_run_id(config: RunConfig) -> str:
@@ -91,10 +93,11 @@ class CoEvolution:
         self.start_from = start_from
         self.history: list[tuple[dict, bool]] = []  # (difficulty, success) of the last epoch, for the simulator
         self.metrics: list[EpochMetrics] = []
-        self.initial_accuracy = float("nan")
+        self.initial_validation = Validation(float("nan"))
         self.warm_started = start_from  # (agent, env) versions after the warm start
-        self.validated = float("nan")  # the newest agent checkpoint's validation accuracy
+        self.validated = Validation(float("nan"))  # the newest agent checkpoint's validation
         self.landed: dict[int, list[GeneratedTask]] = {}  # a resumed run's epochs whose tasks the lake holds
+        self.final_benchmark: dict = {}  # the end-of-run BFCL subset's metrics (config.final_bfcl_items)
 
     @functools.cached_property
     def validation(self) -> list[Task]:
@@ -110,10 +113,13 @@ class CoEvolution:
         self.prepare()
         if self.config.warm_start:
             self.warm_start()
-        self.initial_accuracy = self.validate()
+        if math.isnan(self.initial_accuracy):  # the ablation gives the later modes of a seed their shared start's
+            self.initial_validation = self.validate()
         self.say(f"validation accuracy before training: {self.initial_accuracy:.3f}")
         for epoch in range(self.config.epochs):
             self.metrics.append(self.epoch(epoch))
+        if self.config.final_bfcl_items:
+            self.final_benchmark = self.benchmark()
         return self.metrics
 
     def resume(self) -> list[EpochMetrics]:
@@ -130,7 +136,7 @@ class CoEvolution:
             self.warm_start()
         tasks, done = landed_epochs(self.lake, self.run_id)
         self.rollouts.load(self.lake, run_version(self.lake, "agent", self.run_id, first=True))
-        self.initial_accuracy = self.validate()
+        self.initial_validation = self.validate()
         self.load(run_version(self.lake, "agent", self.run_id), run_version(self.lake, "env", self.run_id))
         last = max(done, default=-1)
         if last >= 0:
@@ -149,9 +155,31 @@ class CoEvolution:
             self.metrics.append(self.epoch(epoch))
         return self.metrics
 
-    def validate(self) -> float:
+    @property
+    def initial_accuracy(self) -> float:
+        return self.initial_validation.accuracy
+
+    def validate(self) -> Validation:
         with self.phase("validation") as tick:
             return self.rollouts.validate(self.validation, progress=tick)
+
+    def benchmark(self) -> dict:
+        """The agent as it is now on the first final_bfcl_items items of each of BFCL's FINAL_CATEGORIES, greedy
+        and batched, scored as `genenv eval` scores them and recorded in the lake's eval tables. Its metrics, with
+        the eval id and the model version."""
+        from ..benchmarks import ModelAgent, evaluate, record
+        from ..benchmarks.bfcl import BFCL, FINAL_CATEGORIES
+
+        bench, n = BFCL(FINAL_CATEGORIES), self.config.final_bfcl_items
+        items = bench.load(None, n)
+        agent = ModelAgent(self.rollouts.model, f"agent:v{self.rollouts.version}", self.config.generation_batch_size)
+        with self.phase(f"BFCL after training: {len(items)} items") as tick:
+            report = evaluate("bfcl", agent, f"agent:v{self.rollouts.version}", None, n, tick, bench, items)
+        record(self.lake, report)
+        self.say(f"BFCL ({', '.join(FINAL_CATEGORIES)}, {len(items)} items) after training: "
+                 + ", ".join(f"{k} {v:.3f}" for k, v in report.metrics.items() if isinstance(v, float)))
+        return {"eval_id": report.eval_id, "model_version": report.model_version, "items": len(items),
+                "categories": list(FINAL_CATEGORIES), **report.metrics}
 
     def warm_start(self) -> None:
         """SFT of the agent on the seed tasks' reference answers and of the simulator on the seed task texts."""
@@ -202,10 +230,10 @@ class CoEvolution:
         seconds: dict[str, float] = {}
         clock = time.perf_counter()
 
-        def lap(phase: str) -> None:
+        def lap(phase: str) -> None:  # the time since the last lap, added to `phase`
             nonlocal clock
             now = time.perf_counter()
-            seconds[phase] = round(now - clock, 2)
+            seconds[phase] = round(seconds.get(phase, 0.0) + now - clock, 2)
             clock = now
 
         if epoch in self.landed:  # a resumed run's epoch whose tasks are in the lake already
@@ -231,14 +259,14 @@ class CoEvolution:
         lap("ingest")
 
         updates: dict[str, str] = {}
-        agent_version = self.train("agent", epoch=epoch, note=updates)
+        agent_version = self.train("agent", epoch=epoch, note=updates, lap=lap)
         lap("train_agent")
         env_version = self.train("env", epoch=epoch, note=updates) if cfg.mode == "genenv" else None
         lap("train_env")
         self.load(agent_version or self.rollouts.version, env_version or self.simulator.version)
         # The agent checkpoint's metrics carry its validation accuracy (so the lake alone tells it); an epoch
         # without an agent update validates the unchanged agent.
-        accuracy = self.validated if agent_version else self.validate()
+        validation = self.validated if agent_version else self.validate()
         lap("validate")
         self.history = [(by_id[r.task_id].parsed.difficulty, r.success) for r in rewards]
 
@@ -252,15 +280,18 @@ class CoEvolution:
             in_band_share=round(statistics.fmean(not s.filtered for s in scores), 3) if scores else 0.0,
             difficulty=difficulty,
             response_tokens=round(statistics.fmean(len(r.completion_token_ids) for r in rollouts), 2) if rollouts else 0.0,
-            validation_accuracy=round(accuracy, 3), seconds=seconds, updates=updates,
+            validation_accuracy=round(validation.accuracy, 3), validation_by_level=validation.by_level, seconds=seconds,
+            updates=updates,
         )
         self.say(f"epoch {epoch}: valid {metrics.valid_share:.0%}, agent success {metrics.agent_success:.2f}, "
                  f"in band {metrics.in_band_share:.0%}, validation {metrics.validation_accuracy:.3f}, "
                  f"agent v{self.rollouts.version}, env v{self.simulator.version}")
         return metrics
 
-    def train(self, kind: str, *, epoch: int, options=None, warm_start: bool = False, note: dict | None = None) -> int | None:
-        """Train, publish the checkpoint, return its version; None (and why, in `note`) when there was nothing to train on."""
+    def train(self, kind: str, *, epoch: int, options=None, warm_start: bool = False, note: dict | None = None,
+              lap=lambda phase: None) -> int | None:
+        """Train, publish the checkpoint, return its version; None (and why, in `note`) when there was nothing to
+        train on. lap(phase): the epoch's clock, told when the update and the new agent's validation end."""
         parent = self.rollouts.version if kind == "agent" else self.simulator.version
         what = f"{'warm start' if warm_start else f'epoch {epoch}'}: training {kind}"
         try:
@@ -270,10 +301,13 @@ class CoEvolution:
             if note is not None:
                 note[kind] = f"skipped: {exc}"
             return None
+        lap(f"train_{kind}")
         if kind == "agent" and not warm_start:
             self.rollouts.load(self.lake, record.version, record.sha256)
             self.validated = self.validate()
-            record.metrics["validation_accuracy"] = round(self.validated, 4)
+            lap("validate")
+            record.metrics["validation_accuracy"] = self.validated.accuracy
+            record.metrics["validation_by_level"] = self.validated.by_level
         self.writer.publish([self.updaters[kind].event(record, epoch)])
         self.writer.land()
         if note is not None:

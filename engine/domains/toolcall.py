@@ -1,9 +1,10 @@
 """toolcall: function calling in the style of BFCL and API-Bank.
 
-The domain fixes candidate calls (function and argument values, tools offered) at three levels
-of difficulty; the simulator picks one and writes the user's request for it, and the parser finds
-the candidate whose every value the request carries (and refuses a request that spells out a call).
-Which candidate the simulator picks is how it sets the difficulty. The agent answers with a
+The domain fixes candidate calls (function and argument values, tools offered) at eight levels of
+difficulty (LEVELS); the simulator picks one of four candidates, one from each quarter of the range,
+and writes the user's request for it, and the parser finds the candidate whose every value the request
+carries, in the call's form or the spoken one (and refuses a request that spells out a call). Which
+candidate the simulator picks is how it sets the difficulty. The agent answers with a
 Python-style call, `name(arg='value', ...)` (one per line for parallel requests), which the
 checker reads with `ast` (never eval) and scores with bfcl-eval's own AST checker, the one the BFCL
 benchmark uses (engine/domains/calls.py): the function name, every required parameter present, no
@@ -12,7 +13,11 @@ spaces and `,./-_*^`, an optional parameter the reference leaves out accepted on
 Parallel calls match in any order. Schemas use BFCL's type names (string, integer, float, boolean,
 array with items, dict).
 
-Difficulty: tools offered, arguments, optional arguments, distractor tools, parallel calls.
+Difficulty (LEVELS): parallel calls (1 to 3), optional arguments, distractor tools (the other built-in tools,
+then the 49 API descriptions of data/api-bank/level-1-api.json), and, at levels 3, 6 and 7, values the request
+states in another form than the call takes ('euros' for EUR, 'seven' for 7, '8 pm' for 20:00). The ladder is
+set so that the warm-started smollm2 agent solves the lowest levels almost always and the highest almost
+never (README, "Which domain learns on CPU").
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import random
 from pathlib import Path
 
 from .base import Invalid, SimulatorRequest, Task, Verdict, example_summary
+
+DATA = Path(__file__).resolve().parents[2] / "data"  # the repository's benchmark data (data/README.md)
 from .calls import match_calls, possible_answers, read_calls
 
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver", "Hanoi", "Quito", "Perth", "Dakar", "Bergen", "Leeds",
@@ -58,8 +65,49 @@ REQUEST_TEMPLATES = {
     "send_message": ("Send {to} the message: {text}",),
     "get_time": ("What time is it in {city}?",),
 }
-CHOICES = 3  # candidate tasks the simulator picks from
 TEXTS = ["running late", "see you soon", "call me back", "meeting moved"]
+
+# The ladder: (parallel calls, optional arguments, distractor tools, values in another form) per level, ordered
+# by the warm-started smollm2 agent's measured success (README, "Which domain learns on CPU"): a second call is
+# the steepest step, words for values a smaller one.
+LEVELS = [(1, False, 0, False), (1, True, 1, False), (1, True, 3, False), (1, True, 4, True),
+          (2, False, 2, False), (2, True, 4, False), (2, True, 4, True), (3, True, 6, True)]
+BANDS = [(0, 1), (2, 3), (4, 5), (6, 7)]  # one candidate from each: the offered levels span the whole range
+CHOICES = len(BANDS)  # candidate tasks the simulator picks from
+
+# How a request may say a value the call takes in another form (the agent must map it back).
+SPOKEN = {"USD": "US dollars", "EUR": "euros", "JPY": "yen", "GBP": "pounds", "CHF": "Swiss francs", "INR": "rupees",
+          2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 20: "twenty",
+          75: "seventy-five", 120: "a hundred and twenty", 300: "three hundred",
+          "18:30": "half past six in the evening", "20:00": "8 pm", "21:15": "quarter past nine at night"}
+
+
+def spoken(value) -> str:
+    return SPOKEN.get(value, str(value))
+
+
+def carries(text: str, value) -> bool:
+    """Whether a (lower-cased) request states a value, as the call has it or in its spoken form."""
+    return str(value).lower() in text or spoken(value).lower() in text
+
+
+@functools.cache
+def catalogue() -> tuple[dict, ...]:
+    """Distractor tools: API-Bank's level-1 API descriptions (data/api-bank), none when the file is absent."""
+    path = DATA / "api-bank" / "level-1-api.json"
+    if not path.is_file():
+        return ()
+    tools = {}
+    for item in json.loads(path.read_text()):
+        for line in item["instruction"].split("API descriptions:")[-1].strip().splitlines():
+            try:
+                d = json.loads(line)
+                tools[d["name"]] = _tool(d["name"], d.get("description", ""),
+                                         {k: api_bank_type(v["type"]) for k, v in d["input_parameters"].items()},
+                                         list(d["input_parameters"]))
+            except (ValueError, KeyError, AttributeError, TypeError):
+                continue
+    return tuple(tools[name] for name in sorted(tools) if name not in TOOLS)
 
 
 def sample_call(rng: random.Random, name: str, optional: bool, cities: list[str]) -> dict:
@@ -82,6 +130,15 @@ def sample_call(rng: random.Random, name: str, optional: bool, cities: list[str]
 
 def format_call(call: dict) -> str:
     return f"{call['name']}(" + ", ".join(f"{k}={v!r}" for k, v in call["arguments"].items()) + ")"
+
+
+def menu_entry(spec: dict) -> str:
+    """A candidate as the simulator reads it: its calls, and for a spoken-form level how to say the values."""
+    calls = "; ".join(format_call(x) for x in spec["calls"])
+    if not spec.get("spoken"):
+        return calls
+    said = sorted({f"{v} as '{spoken(v)}'" for c in spec["calls"] for v in c["arguments"].values() if spoken(v) != str(v)})
+    return f"{calls} [say {', '.join(said)}]" if said else calls
 
 
 API_BANK_TYPES = {"str": "string", "int": "integer", "float": "float", "bool": "boolean", "list": "array", "list(str)": "array"}
@@ -146,12 +203,15 @@ def signature(tool: dict) -> str:
 
 
 def template_text(rng: random.Random, spec: dict) -> str:
-    """A plain request for a spec from the templates, carrying every value the calls need."""
+    """A plain request for a spec from the templates, carrying every value the calls need (in the spoken form
+    at the levels that take it)."""
+    say = spoken if spec.get("spoken") else str
     texts = []
     for call in spec["calls"]:
-        texts.append(rng.choice(REQUEST_TEMPLATES[call["name"]]).format(**{"unit": "celsius", "time": "19:00", **call["arguments"]}))
+        values = {k: say(v) for k, v in {"unit": "celsius", "time": "19:00", **call["arguments"]}.items()}
+        texts.append(rng.choice(REQUEST_TEMPLATES[call["name"]]).format(**values))
     text = " ".join(t if t[-1] in ".?!" else t + "." for t in texts)
-    missing = [f"{k} {v}" for c in spec["calls"] for k, v in c["arguments"].items() if str(v).lower() not in text.lower()]
+    missing = [f"{k} {say(v)}" for c in spec["calls"] for k, v in c["arguments"].items() if not carries(text.lower(), v)]
     return f"{text.rstrip('.?')} ({', '.join(missing)})." if missing else text
 
 
@@ -173,23 +233,25 @@ class ToolCall:
         """The API-Bank seeds, read on first use (building a domain reads no file)."""
         return api_bank_seeds(Path(self.seeds_path)) if self.seeds_path else None
 
-    def _spec(self, rng: random.Random, cities: list[str], level: int | None = None) -> dict:
-        level = rng.randint(0, 4) if level is None else level
-        parallel = 2 if level >= 4 else 1
+    def _spec(self, rng: random.Random, cities: list[str], level: int) -> dict:
+        parallel, optional, distractors, said = LEVELS[level]
         names = rng.sample(sorted(TOOLS), parallel)
-        calls = [sample_call(rng, n, optional=level >= 1 and rng.random() < 0.7, cities=cities) for n in names]
-        distractors = rng.sample([n for n in sorted(TOOLS) if n not in names], min(level, 3) if level >= 2 else 0)
-        offered = sorted(names + distractors)
-        return {"level": level, "calls": calls, "offered": offered}
+        calls = [sample_call(rng, n, optional=optional and rng.random() < 0.7, cities=cities) for n in names]
+        # Distractors: the other built-in tools first (near misses: same kinds of values), then API-Bank's.
+        others = [n for n in sorted(TOOLS) if n not in names]
+        rng.shuffle(others)
+        extra = [t["name"] for t in rng.sample(catalogue(), max(0, min(distractors - len(others), len(catalogue()))))]
+        offered = rng.sample(names + others[:distractors] + extra, len(names) + min(distractors, len(others)) + len(extra))
+        return {"level": level, "calls": calls, "offered": offered, "spoken": said}
 
     def simulator_request(self, rng: random.Random, performance: str, choices: int = CHOICES) -> SimulatorRequest:
         """The simulator picks one of `choices` calls of different levels and writes the request for it:
         which one it picks is how it sets the difficulty (and what RWR shapes)."""
         cities = rng.sample(CITIES, len(CITIES))  # distinct cities across the candidates, so the text tells them apart
-        levels = sorted(rng.sample(range(5), choices))
-        candidates = [self._spec(rng, cities[i * 4:(i + 1) * 4], level) for i, level in enumerate(levels)]
-        menu = " ".join(f"({chr(97 + i)}) level {c['level']}: " + "; ".join(format_call(x) for x in c["calls"])
-                        for i, c in enumerate(candidates))
+        bands = BANDS if choices == len(BANDS) else [(i, i) for i in sorted(rng.sample(range(len(LEVELS)), choices))]
+        levels = [rng.randint(low, high) for low, high in bands]
+        candidates = [self._spec(rng, cities[i * 5:(i + 1) * 5], level) for i, level in enumerate(levels)]
+        menu = " ".join(f"({chr(97 + i)}) level {c['level']}: {menu_entry(c)}" for i, c in enumerate(candidates))
         prompt = (f"Pick a task and write the user's message for it, with every value, no code. {menu}. "
                   f"Assistant's results: {performance}.")
         return SimulatorRequest(prompt, {"candidates": candidates}, offered=list(levels))
@@ -206,7 +268,7 @@ class ToolCall:
                 if f"{call['name']}(" in lowered:
                     return Invalid(f"leaks_call: the request spells out {call['name']}(...)")
             values = [(param, value) for call in spec["calls"] for param, value in call["arguments"].items()]
-            missing = [(p, v) for p, v in values if str(v).lower() not in lowered]
+            missing = [(p, v) for p, v in values if not carries(lowered, v)]
             if not missing and (best is None or len(values) > sum(len(c["arguments"]) for c in best["calls"])):
                 best = spec
             if missing and (best_missing is None or len(missing) < len(best_missing)):
@@ -224,7 +286,8 @@ class ToolCall:
             "optional_arguments": sum(p not in TOOLS[c["name"]]["parameters"]["required"] for c in calls for p in c["arguments"]),
             "distractors": len(spec["offered"]) - len(calls), "parallel_calls": len(calls),
         }
-        return Task(prompt=text, reference=calls, difficulty=difficulty, tools=[TOOLS[n] for n in spec["offered"]])
+        tools = {**{t["name"]: t for t in catalogue()}, **TOOLS}
+        return Task(prompt=text, reference=calls, difficulty=difficulty, tools=[tools[n] for n in spec["offered"]])
 
     def seeds(self, rng: random.Random, n: int) -> list[tuple[SimulatorRequest, str, Task]]:
         if self.seed_file:
@@ -232,14 +295,14 @@ class ToolCall:
             for text, task in rng.sample(self.seed_file, min(n, len(self.seed_file))):
                 spec = {"level": 1, "calls": task.reference, "offered": [t["name"] for t in task.tools]}
                 menu = "(a) level 1: " + "; ".join(format_call(c) for c in task.reference)
-                summary = example_summary(rng, self.difficulty_feature, [0, 1, 2, 3, 4])
+                summary = example_summary(rng, self.difficulty_feature, list(range(len(LEVELS))))
                 prompt = (f"Pick a task and write the user's message for it, with every value, no code. {menu}. "
                           f"Assistant's results: {summary}.")
                 out.append((SimulatorRequest(prompt, {"candidates": [spec]}), text, task))
             return out
         out = []
         for i in range(n):
-            request = self.simulator_request(rng, example_summary(rng, self.difficulty_feature, [0, 1, 2, 3, 4]))
+            request = self.simulator_request(rng, example_summary(rng, self.difficulty_feature, list(range(len(LEVELS)))))
             text = template_text(rng, rng.choice(request.context["candidates"]))  # the seeds pick at random
             out.append((request, text, self.parse(text, request.context)))
         return out
@@ -260,9 +323,10 @@ class ToolCall:
         return Verdict(float(match.valid), match.valid, match.detail)
 
     def validation_set(self, n: int) -> list[Task]:
+        """n held-out tasks (cities no candidate uses), stratified by level: level i % 8 for the i-th."""
         rng = random.Random(0x7001)
         tasks = []
         for i in range(n):
-            spec = self._spec(rng, HELD_OUT_CITIES, level=i % 5)
+            spec = self._spec(rng, HELD_OUT_CITIES, level=i % len(LEVELS))
             tasks.append(self._task(template_text(rng, spec), spec))
         return tasks

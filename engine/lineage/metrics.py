@@ -43,6 +43,13 @@ def difficulty_means(difficulty_jsons: list[str | None]) -> dict[str, float]:
     return {name: round(statistics.fmean(values[name]), 3) for name in sorted(values)[:MAX_FEATURES]}
 
 
+def levels_of(value) -> dict[str, float]:
+    """A checkpoint's recorded validation per level (a producer's JSON: anything but level -> number reads as none)."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): float(v) for k, v in value.items() if type(v) in (int, float)}
+
+
 def metrics_from_lake(lake: Lake, run_id: str) -> list[EpochMetrics]:
     """Per-epoch metrics of a run, computed from what the lake holds (the async mode's report)."""
     def of_run(table: str) -> pl.DataFrame:
@@ -65,9 +72,9 @@ def metrics_from_lake(lake: Lake, run_id: str) -> list[EpochMetrics]:
         upto = checkpoints.filter(pl.col("epoch") <= epoch)
         agents = upto.filter(pl.col("model_kind") == "agent")
         envs = upto.filter(pl.col("model_kind") == "env")
-        validation = [json_object(m).get("validation_accuracy") for m in
-                      checkpoints.filter((pl.col("epoch") == epoch) & (pl.col("model_kind") == "agent"))["metrics_json"]]
-        validation = [v for v in validation if type(v) in (int, float)]
+        recorded = [json_object(m) for m in
+                    checkpoints.filter((pl.col("epoch") == epoch) & (pl.col("model_kind") == "agent"))["metrics_json"]]
+        recorded = [m for m in recorded if type(m.get("validation_accuracy")) in (int, float)]
         out.append(EpochMetrics(
             epoch=epoch, agent_version=int(agents["version"].max() or 0) if agents.height else 0,
             env_version=int(envs["version"].max() or 0) if envs.height else 0, tasks=t.height,
@@ -77,7 +84,8 @@ def metrics_from_lake(lake: Lake, run_id: str) -> list[EpochMetrics]:
             in_band_share=round(1 - (b["filtered"].mean() or 0.0), 3) if b.height else 0.0,
             difficulty=difficulty_means(valid["difficulty_json"].to_list()),
             response_tokens=round(statistics.fmean(len(x) for x in ro["completion_token_ids"].to_list()), 2) if ro.height else 0.0,
-            validation_accuracy=validation[-1] if validation else float("nan"),
+            validation_accuracy=recorded[-1]["validation_accuracy"] if recorded else float("nan"),
+            validation_by_level=levels_of(recorded[-1].get("validation_by_level")) if recorded else {},
             **asdict(curriculum_measures(t, r)),
         ))
     return out

@@ -80,12 +80,30 @@ def plot_calibration(metrics: list[EpochMetrics], path) -> None:
     plt.close(fig)
 
 
-PLOTS = ("success", "validation", "difficulty", "selection", "calibration")
+def plot_levels(metrics: list[EpochMetrics], path, initial_by_level: dict[str, float] | None = None) -> None:
+    """Held-out validation success per level: one curve before training (when known) and one after each epoch."""
+    curves = ([("before training", initial_by_level)] if initial_by_level else []) + [
+        (f"after epoch {m.epoch}", m.validation_by_level) for m in metrics if m.validation_by_level]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for i, (label, by_level) in enumerate(curves):
+        levels = sorted(by_level, key=float)
+        ax.plot([float(level) for level in levels], [by_level[level] for level in levels], "o-" if i == 0 else ".-",
+                label=label, color="black" if label == "before training" else plt.cm.viridis(i / max(len(curves), 2)))
+    ax.set(xlabel="level", ylabel="validation success", ylim=(-0.05, 1.05), title="Held-out success per level")
+    if curves:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
-def draw(name: str, metrics: list[EpochMetrics], curriculum, out) -> None:
+PLOTS = ("success", "validation", "difficulty", "selection", "calibration", "levels")
+
+
+def draw(name: str, metrics: list[EpochMetrics], curriculum, out, initial_by_level: dict[str, float] | None = None) -> None:
     """One of the report's plots (PLOTS) to a path or a file object: the report folder and the web view draw the
-    same pictures from the same recipe."""
+    same pictures from the same recipe (the web view without the validation before training, which only the run
+    that measured it knows)."""
     if name == "success":
         plot_success(metrics, curriculum, out)
     elif name == "validation":
@@ -99,8 +117,18 @@ def draw(name: str, metrics: list[EpochMetrics], curriculum, out) -> None:
         plot_selection(metrics, out)
     elif name == "calibration":
         plot_calibration(metrics, out)
+    elif name == "levels":
+        plot_levels(metrics, out, initial_by_level)
     else:
         raise ValueError(f"no plot {name!r}; plots: {', '.join(PLOTS)}")
+
+
+def benchmark_text(final: dict | None) -> str:
+    if not final:
+        return ""
+    scores = ", ".join(f"{k} {v:.3f}" for k, v in final.items() if isinstance(v, float))
+    return (f"BFCL after training ({final['model_version']}, the first {final['items'] // len(final['categories'])} "
+            f"items of {' and '.join(final['categories'])}, eval id {final['eval_id']} in eval/results): {scores}.\n\n")
 
 
 def histogram_text(histogram: dict[str, int]) -> str:
@@ -108,13 +136,22 @@ def histogram_text(histogram: dict[str, int]) -> str:
 
 
 def write_report(folder: Path, run_id: str, config: RunConfig, metrics: list[EpochMetrics], initial_accuracy: float,
-                 lake_root: str) -> Path:
+                 lake_root: str, initial_by_level: dict[str, float] | None = None,
+                 final_benchmark: dict | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "metrics.json").write_text(json.dumps({"run_id": run_id, "initial_validation_accuracy": initial_accuracy,
-                                                     "epochs": [m.__dict__ for m in metrics]}, indent=2))
+    (folder / "metrics.json").write_text(json.dumps({
+        "run_id": run_id, "initial_validation_accuracy": initial_accuracy,
+        "initial_validation_by_level": initial_by_level or {}, "final_benchmark": final_benchmark or {},
+        "epochs": [m.__dict__ for m in metrics]}, indent=2))
     (folder / "config.toml").write_text(to_toml(config))
     for name in PLOTS:
-        draw(name, metrics, config.curriculum, folder / f"{name}.png")
+        draw(name, metrics, config.curriculum, folder / f"{name}.png", initial_by_level)
+    validation_levels = sorted({level for m in metrics for level in m.validation_by_level} | set(initial_by_level or {}),
+                               key=float)
+    validation_rows = "\n".join(
+        f"| {label} | " + " | ".join(f"{by_level[level]:.2f}" if level in by_level else "" for level in validation_levels) + " |"
+        for label, by_level in ([("before training", initial_by_level)] if initial_by_level else [])
+        + [(f"after epoch {m.epoch}", m.validation_by_level) for m in metrics])
     rows = "\n".join(
         f"| {m.epoch} | {m.agent_version} | {m.env_version} | {m.tasks} | {m.valid_share:.2f} | {m.agent_success:.2f} | "
         f"{m.in_band_share:.2f} | {m.validation_accuracy:.3f} | {m.response_tokens:.1f} | "
@@ -147,7 +184,14 @@ Success per level (rows: epochs; columns: levels):
 |---|{"---|" * len(levels)}
 {calibration}
 
-Levels chosen and offered (level: count):
+Held-out validation success per level ({config.validation_size} items, greedy; rows: before training and after
+each epoch; columns: levels):
+
+| when | {" | ".join(validation_levels)} |
+|---|{"---|" * len(validation_levels)}
+{validation_rows}
+
+{benchmark_text(final_benchmark)}Levels chosen and offered (level: count):
 
 | epoch | chosen | offered |
 |---|---|---|
@@ -158,6 +202,7 @@ Levels chosen and offered (level: count):
 ![difficulty features](difficulty.png)
 ![levels chosen and offered](selection.png)
 ![success per level](calibration.png)
+![held-out success per level](levels.png)
 
 Configuration: [config.toml](config.toml); per-epoch metrics: [metrics.json](metrics.json).
 Audit any task with `genenv lake status --lake {lake_root}` and the tables under it.

@@ -2,7 +2,7 @@
 
     /                           runs, a task search box, links to the quarantine
     /run?id=<run>[&epoch=<n>]   a run's epochs with their metrics and plots, and its tasks
-    /plot?run=<run>&name=<n>    one of report.PLOTS (success, validation, difficulty, selection, calibration), as PNG (drawn from the lake on request)
+    /plot?run=<run>&name=<n>    one of report.PLOTS (success, validation, difficulty, selection, calibration, levels), as PNG (drawn from the lake on request)
     /tasks?q=<id>               finds a task by id (or lists ids that start with it)
     /task?id=<id>               the task's lineage: what `genenv audit task` shows
     /checkpoints/<kind>/<v>     a checkpoint's lineage: what `genenv audit checkpoint` shows

@@ -41,7 +41,7 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
     if resume:
         engine = CoEvolution(config, lake, None, say, run_id=config.run_id, phase=phase)
         engine.rollouts.load(lake, run_version(lake, "agent", config.run_id, first=True))
-        engine.initial_accuracy = engine.validate()
+        engine.initial_validation = engine.validate()
         sent = republish(lake, bootstrap, engine.run_id)
         say(f"resuming run {engine.run_id}: " + (f"{sent} events of unfinished tasks sent again from the lake"
                                                  if sent else "nothing to send again"))
@@ -51,7 +51,7 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
             engine.prepare()
             if config.warm_start:
                 engine.warm_start()
-            engine.initial_accuracy = engine.validate()
+            engine.initial_validation = engine.validate()
     say(f"validation accuracy before training: {engine.initial_accuracy:.3f}")
     engine.rollouts.unload()  # the workers hold the models from here on
     engine.simulator.unload()
@@ -106,6 +106,10 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
         raise RunInterrupted(f"async run {run_id}: the lake lacks {'; '.join(missing)}; continue it with `{resume_line}`")
     if stopped:
         say(f"run {run_id} stopped" + (f"; unfinished: {'; '.join(missing)}" if missing else ""))
+    elif config.final_bfcl_items:  # the newest agent checkpoint, as the sync loop does after its last epoch
+        engine.rollouts.load(lake, run_version(lake, "agent", run_id))
+        engine.final_benchmark = engine.benchmark()
+        engine.rollouts.unload()
     return engine
 
 

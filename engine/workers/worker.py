@@ -399,7 +399,8 @@ class TrainerWorker(Worker):
                 continue  # nothing new (or all filtered / too stale) yet
             if validator is not None:
                 validator.load(self.lake, record.version, record.sha256)
-                record.metrics["validation_accuracy"] = round(validator.validate(validation), 4)
+                result = validator.validate(validation)
+                record.metrics.update(validation_accuracy=result.accuracy, validation_by_level=result.by_level)
             self.publish([updater.event(record, int(rows["epoch"].max()))])
             while not stop() and latest_version(self.lake, kind) < record.version:
                 time.sleep(0.5)  # the ingest worker registers it; the next update's lineage needs the row

@@ -109,7 +109,7 @@ def bench_replay(root: Path, mode: str) -> dict:
         start = time.perf_counter()
         engine.warm_start()
         warm = time.perf_counter() - start
-        engine.initial_accuracy = engine.validate()
+        engine.initial_validation = engine.validate()
         originals = []
         for epoch in range(config.epochs):
             start = time.perf_counter()

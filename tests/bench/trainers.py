@@ -18,12 +18,15 @@ Prints JSON:
   (trainers/batching.py) against the packed forward that repeats it per rollout, on the default run's real
   shapes: toolcall validation prompts with the agent's chat template, G = 4, completions sampled up to
   agent_max_new_tokens; and the same for the issue's reference shape (8 prompts of 100 tokens, 12-token
-  completions). Also the largest logprob difference between the two (target: under 1e-4 in float32).
+  completions). Also the largest logprob difference between the two (target: under 1e-4 in float32);
+- epoch (`--only epoch`, not in the default set: minutes): the default run's first epoch timed per phase with
+  the shared-prefix forward and with the packed one, from one warm start and the same seed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import resource
@@ -194,6 +197,41 @@ def bench_shared_prefix(loaded, repeats: int) -> dict:
     return out
 
 
+def bench_epoch(profile: str) -> dict:
+    """The first epoch of a run of `profile` (the default run), with GRPO's shared-prefix forward and with the
+    packed one it replaced: one warm start, then that epoch twice from it on one lake and broker, the same seed
+    (so the same tasks, rollouts and rows), the second time with trainers.grpo.pack_shared swapped for the
+    packed layout. Seconds per phase of each epoch (the sync loop's own laps)."""
+    import tempfile
+
+    import trainers.grpo
+    from engine.coevolution import CoEvolution, LakeWriter, load_config
+    from lake import Lake
+    from streams import LocalBroker
+    from trainers.batching import pack
+
+    config = load_config(profile, None, ["epochs=1"])
+    seconds = {}
+    with tempfile.TemporaryDirectory() as folder, LocalBroker() as broker:
+        lake = Lake(Path(folder) / "lake")
+        start_from = (0, 0)
+        shared_prefix = trainers.grpo.pack_shared
+        for layout in ("shared_prefix", "packed"):
+            trainers.grpo.pack_shared = shared_prefix if layout == "shared_prefix" else pack
+            run = dataclasses.replace(config, warm_start=start_from == (0, 0))
+            with LakeWriter(lake, broker.bootstrap) as writer:
+                engine = CoEvolution(run, lake, writer, say=lambda *_: None, start_from=start_from)
+                metrics = engine.run()
+            start_from = engine.warm_started
+            seconds[layout] = {phase: round(s, 1) for phase, s in metrics[0].seconds.items()}
+            seconds[layout]["epoch"] = round(sum(metrics[0].seconds.values()), 1)
+            seconds[layout]["agent_update"] = metrics[0].updates.get("agent", "")
+        trainers.grpo.pack_shared = shared_prefix
+    return {"profile": profile, **seconds,
+            "train_agent_speedup": round(seconds["packed"]["train_agent"] / max(seconds["shared_prefix"]["train_agent"], 1e-9), 2),
+            "epoch_speedup": round(seconds["packed"]["epoch"] / max(seconds["shared_prefix"]["epoch"], 1e-9), 2)}
+
+
 def bench_data_parallel(model: str, tokens: int) -> dict:
     import subprocess
 
@@ -214,7 +252,8 @@ def main() -> None:
     parser.add_argument("--singles", type=int, default=4, help="prompts generated one at a time for the baseline")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--update-only", type=int, metavar="ROWS_PER_DEVICE", help=argparse.SUPPRESS)
-    parser.add_argument("--only", choices=["shared_prefix"], help="run one part only")
+    parser.add_argument("--only", choices=["shared_prefix", "epoch"], help="run one part only")
+    parser.add_argument("--profile", default="default", help="--only epoch: the run profile whose first epoch is timed")
     args = parser.parse_args()
     if args.update_only:
         data_parallel_update(args.model, args.tokens, args.update_only)
@@ -224,6 +263,9 @@ def main() -> None:
 
     from trainers import load_model
 
+    if args.only == "epoch":
+        print(json.dumps({"threads": torch.get_num_threads(), "epoch": bench_epoch(args.profile)}, indent=2))
+        return
     if args.only == "shared_prefix":
         print(json.dumps({"model": args.model, "threads": torch.get_num_threads(),
                           "shared_prefix": bench_shared_prefix(load_model(args.model), args.repeats)}, indent=2))
