@@ -139,7 +139,7 @@ def test_the_ablation_summary_pairs_seeds_and_bounds_each_mean():
     def run(seed: int, lift: float) -> dict:
         return {"seed": seed, "initial": 0.5, "validation": [0.5, 0.5 + lift + 0.01 * seed],
                 "in_band": [0.2, 0.4 + lift, 0.6 + lift], "selection_bias": [0.1 * seed, math.nan, 0.1 * seed + lift],
-                "informative": [rng.uniform(0, 10) for _ in range(3)]}
+                "informative": [rng.uniform(0, 10) for _ in range(3)], "bfcl": 0.2 + lift}
 
     results = {"genenv": [run(s, 0.1) for s in range(5)], BASELINE: [run(s, 0.0) for s in range(5)]}
     table = summarise(results)

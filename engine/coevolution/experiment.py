@@ -63,6 +63,7 @@ def run_ablation(base: RunConfig, seeds: int, lake: Lake, servers: str, out: Pat
                 "difficulty": [m.difficulty for m in metrics], "selection_bias": [m.selection_bias for m in metrics],
                 "informative": [m.informative_groups_per_100 for m in metrics],
                 "validation_by_level": [engine.initial_validation.by_level] + [m.validation_by_level for m in metrics],
+                "bfcl": engine.final_benchmark.get("non_live_ast"),
             })
             (out / "runs.json").write_text(json.dumps(results, indent=2))  # progress survives an interruption
     table = summarise(results)
@@ -97,6 +98,7 @@ MEASURES: dict[str, Callable[[dict], float]] = {
     "selection_bias": lambda r: _mean_or_nan(r["selection_bias"]),
     "selection_bias_per_epoch": lambda r: _slope(r["selection_bias"]),
     "informative_per_100": lambda r: _mean_or_nan(r["informative"]),
+    "final_bfcl": lambda r: r.get("bfcl", math.nan),  # with final_bfcl_items: BFCL simple + multiple after training
 }
 BASELINE = "genenv-random"  # what the paired differences are taken against
 
@@ -153,7 +155,8 @@ def markdown(table: dict, base: RunConfig, seeds: int) -> str:
             "training; in_band_last_half: share of scored groups in the alpha band over the last half of the epochs; "
             "selection_bias: the level the simulator chose minus the mean level offered (selection_bias_per_epoch: "
             "its least-squares change per epoch); informative_per_100: groups with 0 < p_hat < 1 per 100 "
-            f"rollouts.\n\n{header}\n{rows}\n\nPaired differences against {BASELINE} (same seed, same warm start):"
+            "rollouts; final_bfcl: BFCL simple_python + multiple after the last epoch (with final_bfcl_items, "
+            f"else -).\n\n{header}\n{rows}\n\nPaired differences against {BASELINE} (same seed, same warm start):"
             f"\n\n{header.replace('| mode |', '| modes |')}\n{diffs}\n\n![ablation](ablation.png)\n")
 
 
