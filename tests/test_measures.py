@@ -156,3 +156,29 @@ def test_the_ablation_summary_pairs_seeds_and_bounds_each_mean():
     assert paired["validation_gain"] == {"n": 5, "mean": pytest.approx(0.1), "low": pytest.approx(0.1), "high": pytest.approx(0.1)}
     assert gain["high"] - gain["low"] > 0.01
     assert paired["selection_bias_per_epoch"]["mean"] == pytest.approx(0.05)  # +0.1 over two epochs, NaN left out
+
+
+def test_an_ablation_runs_its_modes_from_one_warm_start_and_summarises_them(broker, lake, tmp_path):
+    """Two seeds of genenv and genenv-random on the quick profile, through the real broker and lake: each seed's
+    modes start from the same warm-started checkpoints and the same validation, and the table's figures are
+    those of runs.json."""
+    from engine.coevolution import run_ablation
+    from engine.coevolution.experiment import BASELINE, MEASURES
+    from engine.lineage import with_measures
+
+    base = load_config("quick", None, ["epochs=2"])
+    table = run_ablation(base, 2, lake, broker.bootstrap, tmp_path, say=lambda *_: None, modes=("genenv", BASELINE),
+                         measure=with_measures)
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    assert [r["seed"] for r in runs["genenv"]] == [r["seed"] for r in runs[BASELINE]] == [0, 1]
+    for mine, theirs in zip(runs["genenv"], runs[BASELINE]):
+        assert mine["initial"] == theirs["initial"] and len(mine["validation"]) == 2
+    registry = read_table(lake, "registry/checkpoints")
+    warm = registry.filter(pl.col("metrics_json").str.contains('"warm_start": true'))
+    assert warm.height == 4  # one warm start of each role per seed, not per mode
+    gains = [r["validation"][-1] - r["initial"] for r in runs["genenv"]]
+    assert table["modes"]["genenv"]["validation_gain"]["mean"] == pytest.approx(sum(gains) / 2)
+    paired = [a["validation"][-1] - b["validation"][-1] for a, b in zip(runs["genenv"], runs[BASELINE])]
+    assert table[f"paired_vs_{BASELINE}"]["genenv"]["final_validation"]["mean"] == pytest.approx(sum(paired) / 2)
+    assert set(json.loads((tmp_path / "ablation.json").read_text())["modes"]["genenv"]) == set(MEASURES)
+    assert (tmp_path / "ablation.png").stat().st_size > 0 and "paired" in (tmp_path / "ablation.md").read_text().lower()

@@ -98,7 +98,7 @@ MEASURES: dict[str, Callable[[dict], float]] = {
     "selection_bias": lambda r: _mean_or_nan(r["selection_bias"]),
     "selection_bias_per_epoch": lambda r: _slope(r["selection_bias"]),
     "informative_per_100": lambda r: _mean_or_nan(r["informative"]),
-    "final_bfcl": lambda r: r.get("bfcl", math.nan),  # with final_bfcl_items: BFCL simple + multiple after training
+    "final_bfcl": lambda r: r.get("bfcl") if isinstance(r.get("bfcl"), (int, float)) else math.nan,  # final_bfcl_items
 }
 BASELINE = "genenv-random"  # what the paired differences are taken against
 
@@ -129,7 +129,7 @@ def summarise(results: dict[str, list[dict]]) -> dict:
             if mode == BASELINE:
                 continue
             seeds = sorted(set(runs) & set(base))
-            paired[mode] = {name: interval([runs[s][name] - base[s][name] for s in seeds]) for name in MEASURES}
+            paired[mode] = {name: interval([runs[s][name] - base[s][name] for s in seeds]) for name in MEASURES}  # NaN - x: left out
     return {"modes": modes, f"paired_vs_{BASELINE}": paired}
 
 
