@@ -20,7 +20,8 @@ Prints JSON:
   agent_max_new_tokens; and the same for the issue's reference shape (8 prompts of 100 tokens, 12-token
   completions). Also the largest logprob difference between the two (target: under 1e-4 in float32);
 - epoch (`--only epoch`, not in the default set: minutes): the default run's first epoch timed per phase with
-  the shared-prefix forward and with the packed one, from one warm start and the same seed.
+  the shared-prefix forward and with the packed one, from one warm start and the same seed (the phases'
+  seconds, and before_epoch: loading, the warm start for the first layout, the validation before training).
 """
 
 from __future__ import annotations
@@ -199,9 +200,10 @@ def bench_shared_prefix(loaded, repeats: int) -> dict:
 
 def bench_epoch(profile: str) -> dict:
     """The first epoch of a run of `profile` (the default run), with GRPO's shared-prefix forward and with the
-    packed one it replaced: one warm start, then that epoch twice from it on one lake and broker, the same seed
-    (so the same tasks, rollouts and rows), the second time with trainers.grpo.pack_shared swapped for the
-    packed layout. Seconds per phase of each epoch (the sync loop's own laps)."""
+    packed one it replaced: one warm start, then that epoch twice from it on one lake and broker with the same
+    config and seed, the second time with trainers.grpo.pack_shared swapped for the packed layout. The two runs'
+    task ids differ (they name the run), and with them the rollouts' sampling seeds: the update's rows and mean
+    completion length are printed beside the times. Seconds per phase of each epoch (the sync loop's laps)."""
     import tempfile
 
     import trainers.grpo
@@ -219,13 +221,17 @@ def bench_epoch(profile: str) -> dict:
         for layout in ("shared_prefix", "packed"):
             trainers.grpo.pack_shared = shared_prefix if layout == "shared_prefix" else pack
             run = dataclasses.replace(config, warm_start=start_from == (0, 0))
+            started = time.perf_counter()
             with LakeWriter(lake, broker.bootstrap) as writer:
                 engine = CoEvolution(run, lake, writer, say=lambda *_: None, start_from=start_from)
                 metrics = engine.run()
             start_from = engine.warm_started
             seconds[layout] = {phase: round(s, 1) for phase, s in metrics[0].seconds.items()}
             seconds[layout]["epoch"] = round(sum(metrics[0].seconds.values()), 1)
+            # Before the epoch: loading, the warm start (the first layout only) and the validation before training.
+            seconds[layout]["before_epoch"] = round(time.perf_counter() - started - seconds[layout]["epoch"], 1)
             seconds[layout]["agent_update"] = metrics[0].updates.get("agent", "")
+            seconds[layout]["response_tokens"] = metrics[0].response_tokens
         trainers.grpo.pack_shared = shared_prefix
     return {"profile": profile, **seconds,
             "train_agent_speedup": round(seconds["packed"]["train_agent"] / max(seconds["shared_prefix"]["train_agent"], 1e-9), 2),
