@@ -28,9 +28,9 @@ import random
 from pathlib import Path
 
 from .base import Invalid, SimulatorRequest, Task, Verdict, example_summary
+from .calls import match_calls, possible_answers, read_calls
 
 DATA = Path(__file__).resolve().parents[2] / "data"  # the repository's benchmark data (data/README.md)
-from .calls import match_calls, possible_answers, read_calls
 
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver", "Hanoi", "Quito", "Perth", "Dakar", "Bergen", "Leeds",
           "Austin", "Porto", "Seville", "Kyoto", "Nairobi", "Tunis", "Malmo", "Geneva", "Krakow", "Valencia"]
@@ -99,14 +99,10 @@ def catalogue() -> tuple[dict, ...]:
         return ()
     tools = {}
     for item in json.loads(path.read_text()):
-        for line in item["instruction"].split("API descriptions:")[-1].strip().splitlines():
-            try:
-                d = json.loads(line)
-                tools[d["name"]] = _tool(d["name"], d.get("description", ""),
-                                         {k: api_bank_type(v["type"]) for k, v in d["input_parameters"].items()},
-                                         list(d["input_parameters"]))
-            except (ValueError, KeyError, AttributeError, TypeError):
-                continue
+        try:
+            tools.update((tool["name"], tool) for tool in api_bank_tools(item["instruction"]))
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError):
+            continue
     return tuple(tools[name] for name in sorted(tools) if name not in TOOLS)
 
 
@@ -158,6 +154,14 @@ def api_bank_type(name: str) -> dict:
     return {"type": kind, "items": {"type": "string"}} if kind == "array" else {"type": kind}
 
 
+def api_bank_tools(instruction: str) -> list[dict]:
+    """The APIs an API-Bank item's instruction describes (a JSON object per line after "API descriptions:"), as
+    BFCL schemas with every parameter required (API-Bank has no optional ones)."""
+    described = [json.loads(line) for line in instruction.split("API descriptions:")[1].strip().splitlines()]
+    return [_tool(d["name"], d.get("description", ""), {k: api_bank_type(v["type"]) for k, v in d["input_parameters"].items()},
+                  list(d["input_parameters"])) for d in described]
+
+
 def api_bank_seeds(path: Path) -> list[tuple[str, Task]]:
     """(request, task) pairs from API-Bank's level-1-api.json (or a folder holding it): the user's last
     utterance, the APIs described in the instruction (all parameters required, as API-Bank has no optional
@@ -171,10 +175,7 @@ def api_bank_seeds(path: Path) -> list[tuple[str, Task]]:
     seeds = []
     for item in items:
         try:
-            described = [json.loads(line) for line in item["instruction"].split("API descriptions:")[1].strip().splitlines()]
-            tools = [_tool(d["name"], d.get("description", ""),
-                           {k: api_bank_type(v["type"]) for k, v in d["input_parameters"].items()},
-                           list(d["input_parameters"])) for d in described]
+            tools = api_bank_tools(item["instruction"])
             calls = read_calls(item["expected_output"].removeprefix("API-Request:").strip())
             users = [line[len("User:"):].strip() for line in item["input"].splitlines() if line.startswith("User:")]
         except (KeyError, IndexError, ValueError, AttributeError):
