@@ -82,6 +82,11 @@ def run_version(lake: Lake, kind: str, run_id: str, first: bool = False) -> int:
     return int(rows["version"].min() if first else rows["version"].max())
 
 
+def level_name(value: float) -> str:
+    """A difficulty level as the measures, validation and reports key it: '3', or '2.5'."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 @dataclass(frozen=True)
 class Validation:
     """Greedy success on the domain's held-out set: overall, and per level of its difficulty feature (keys as
@@ -277,7 +282,7 @@ class Rollouts(ModelRole):
         for task, success in zip(tasks, successes):
             level = task.difficulty.get(feature)
             if isinstance(level, (int, float)):
-                by_level.setdefault(f"{level:g}", []).append(success)
+                by_level.setdefault(level_name(level), []).append(success)
         return Validation(round(sum(successes) / max(len(tasks), 1), 4),
                           {level: round(sum(s) / len(s), 4) for level, s in sorted(by_level.items(), key=lambda x: float(x[0]))})
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from ..coevolution.roles import offered_of
+from ..coevolution.roles import level_name, offered_of
 from ..domains import DOMAINS, get_domain
 from .fields import json_object
 
@@ -34,10 +34,6 @@ class CurriculumMeasures:
     offered_levels: dict[str, int] = field(default_factory=dict)
     informative_groups_per_100: float = float("nan")
     success_by_level: dict[str, float] = field(default_factory=dict)
-
-
-def level_name(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def task_level(row: dict) -> float | None:

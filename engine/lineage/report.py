@@ -80,10 +80,15 @@ def plot_calibration(metrics: list[EpochMetrics], path) -> None:
     plt.close(fig)
 
 
+def validation_curves(metrics: list[EpochMetrics], initial_by_level: dict[str, float] | None) -> list[tuple[str, dict]]:
+    """(label, level -> held-out success): before training (when known), then after each epoch that has one."""
+    return ([("before training", initial_by_level)] if initial_by_level else []) + [
+        (f"after epoch {m.epoch}", m.validation_by_level) for m in metrics if m.validation_by_level]
+
+
 def plot_levels(metrics: list[EpochMetrics], path, initial_by_level: dict[str, float] | None = None) -> None:
     """Held-out validation success per level: one curve before training (when known) and one after each epoch."""
-    curves = ([("before training", initial_by_level)] if initial_by_level else []) + [
-        (f"after epoch {m.epoch}", m.validation_by_level) for m in metrics if m.validation_by_level]
+    curves = validation_curves(metrics, initial_by_level)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for i, (label, by_level) in enumerate(curves):
         levels = sorted(by_level, key=float)
@@ -146,12 +151,11 @@ def write_report(folder: Path, run_id: str, config: RunConfig, metrics: list[Epo
     (folder / "config.toml").write_text(to_toml(config))
     for name in PLOTS:
         draw(name, metrics, config.curriculum, folder / f"{name}.png", initial_by_level)
-    validation_levels = sorted({level for m in metrics for level in m.validation_by_level} | set(initial_by_level or {}),
-                               key=float)
+    curves = validation_curves(metrics, initial_by_level)
+    validation_levels = sorted({level for _, by_level in curves for level in by_level}, key=float)
     validation_rows = "\n".join(
         f"| {label} | " + " | ".join(f"{by_level[level]:.2f}" if level in by_level else "" for level in validation_levels) + " |"
-        for label, by_level in ([("before training", initial_by_level)] if initial_by_level else [])
-        + [(f"after epoch {m.epoch}", m.validation_by_level) for m in metrics])
+        for label, by_level in curves)
     rows = "\n".join(
         f"| {m.epoch} | {m.agent_version} | {m.env_version} | {m.tasks} | {m.valid_share:.2f} | {m.agent_success:.2f} | "
         f"{m.in_band_share:.2f} | {m.validation_accuracy:.3f} | {m.response_tokens:.1f} | "
