@@ -279,6 +279,7 @@ def _has_cuda() -> bool:
 def ablation(
     domain: Annotated[str, typer.Option(help="arith, toolcall or qa.")] = "toolcall",
     seeds: Annotated[int, typer.Option(help="Seeds per mode.")] = 5,
+    modes: Annotated[str, typer.Option(help="The modes to compare, comma-separated (genenv always runs: it makes each seed's warm start).")] = "genenv,genenv-random,genenv-static,seeds-only",
     lake: LakeOpt = "genenv-ablation-lake",
     bootstrap: BootstrapOpt = None,
     profile: Annotated[str, typer.Option(help="Profile the runs start from.")] = "default",
@@ -287,10 +288,14 @@ def ablation(
     out: Annotated[Optional[Path], typer.Option(help="Output folder (default: <lake>/reports/ablation-<domain>).")] = None,
 ) -> None:
     """genenv, genenv-random, genenv-static and seeds-only at equal rollout budget: a table and a plot."""
-    from engine.coevolution import load_config, run_ablation
+    from engine.coevolution import MODES, load_config, run_ablation
     from engine.lineage import with_measures
 
     _check_positive(seeds=seeds)
+    chosen = tuple(dict.fromkeys(m.strip() for m in modes.split(",") if m.strip()))
+    unknown = [m for m in chosen if m not in MODES]
+    if unknown or not chosen:
+        raise UserError(f"--modes takes some of {', '.join(MODES)}, got {modes!r}")
     try:
         cfg = load_config(profile, config, [f"domain={domain}", *set_])
     except ValueError as exc:
@@ -300,7 +305,8 @@ def ablation(
         lake_ = Lake(lake)
         relative = f"reports/ablation-{cfg.domain}"
         folder = out or lake_.files.local(relative)
-        table = run_ablation(cfg, seeds, lake_, servers, folder, say=console.print, phase=phase, measure=with_measures)
+        table = run_ablation(cfg, seeds, lake_, servers, folder, say=console.print, modes=chosen, phase=phase,
+                             measure=with_measures)
         if out is None and lake_.files.remote:
             lake_.files.upload_folder(relative)
             console.print(f"ablation report uploaded to {lake_.root}/{relative}")
