@@ -61,6 +61,8 @@ def run_ablation(base: RunConfig, seeds: int, lake: Lake, servers: str, out: Pat
                 "validation": [m.validation_accuracy for m in metrics],
                 "agent_success": [m.agent_success for m in metrics], "in_band": [m.in_band_share for m in metrics],
                 "difficulty": [m.difficulty for m in metrics], "selection_bias": [m.selection_bias for m in metrics],
+                "valid_share": [m.valid_share for m in metrics], "chosen_levels": [m.chosen_levels for m in metrics],
+                "success_by_level": [m.success_by_level for m in metrics],
                 "informative": [m.informative_groups_per_100 for m in metrics],
                 "validation_by_level": [engine.initial_validation.by_level] + [m.validation_by_level for m in metrics],
                 "bfcl": engine.final_benchmark.get("non_live_ast"),

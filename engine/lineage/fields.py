@@ -29,5 +29,9 @@ def json_object(raw: str | None) -> dict:
 
 
 def nan_to_none(value):
-    """JSON has no NaN: a measure that could not be computed is null in an answer."""
+    """JSON has no NaN: a measure that could not be computed is null in an answer (in dicts and lists too)."""
+    if isinstance(value, dict):
+        return {k: nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [nan_to_none(v) for v in value]
     return None if isinstance(value, float) and math.isnan(value) else value

@@ -11,6 +11,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..coevolution import CurriculumConfig, EpochMetrics, RunConfig, to_toml  # noqa: E402
+from .fields import nan_to_none  # noqa: E402
 
 
 def plot_success(metrics: list[EpochMetrics], curriculum: CurriculumConfig, path) -> None:
@@ -144,10 +145,10 @@ def write_report(folder: Path, run_id: str, config: RunConfig, metrics: list[Epo
                  lake_root: str, initial_by_level: dict[str, float] | None = None,
                  final_benchmark: dict | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "metrics.json").write_text(json.dumps({
+    (folder / "metrics.json").write_text(json.dumps(nan_to_none({
         "run_id": run_id, "initial_validation_accuracy": initial_accuracy,
         "initial_validation_by_level": initial_by_level or {}, "final_benchmark": final_benchmark or {},
-        "epochs": [m.__dict__ for m in metrics]}, indent=2))
+        "epochs": [m.__dict__ for m in metrics]}), indent=2, allow_nan=False))
     (folder / "config.toml").write_text(to_toml(config))
     for name in PLOTS:
         draw(name, metrics, config.curriculum, folder / f"{name}.png", initial_by_level)
