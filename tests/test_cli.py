@@ -49,6 +49,7 @@ BAD_INVOCATIONS = {  # name: (arguments, what the one line says); LAKE is a path
     "broker_port_too_high": (["broker", "--port", "99999"], "--port must be in 0-65535"),
     "broker_port_negative": (["broker", "--port", "-5"], "--port must be in 0-65535"),
     "ui_port_too_high": (["ui", "--lake", "LAKE", "--port", "99999"], "--port must be in 1-65535"),
+    "ablation_unknown_mode": (["experiment", "ablation", "--lake", "LAKE", "--modes", "genenv,nope"], "--modes takes some of"),
     "replay_scratch_is_a_file": (["replay", "--epoch", "0", "--lake", "LAKE", "--scratch", "FILE"], "is a file"),
     # This machine has no CUDA (the suite runs on CPU): a run that asks for it stops before any model is loaded.
     "vllm_without_cuda": (["run", "--profile", "quick", "--lake", "LAKE", "--set", "backend=vllm"],
