@@ -279,7 +279,7 @@ def _has_cuda() -> bool:
 def ablation(
     domain: Annotated[str, typer.Option(help="arith, toolcall or qa.")] = "toolcall",
     seeds: Annotated[int, typer.Option(help="Seeds per mode.")] = 5,
-    modes: Annotated[str, typer.Option(help="The modes to compare, comma-separated (genenv always runs: it makes each seed's warm start).")] = "genenv,genenv-random,genenv-static,seeds-only",
+    modes: Annotated[Optional[str], typer.Option(help="The modes to compare, comma-separated (default: all four; genenv always runs: it makes each seed's warm start).")] = None,
     lake: LakeOpt = "genenv-ablation-lake",
     bootstrap: BootstrapOpt = None,
     profile: Annotated[str, typer.Option(help="Profile the runs start from.")] = "default",
@@ -292,7 +292,7 @@ def ablation(
     from engine.lineage import with_measures
 
     _check_positive(seeds=seeds)
-    chosen = tuple(dict.fromkeys(m.strip() for m in modes.split(",") if m.strip()))
+    chosen = MODES if modes is None else tuple(dict.fromkeys(m.strip() for m in modes.split(",") if m.strip()))
     unknown = [m for m in chosen if m not in MODES]
     if unknown or not chosen:
         raise UserError(f"--modes takes some of {', '.join(MODES)}, got {modes!r}")
