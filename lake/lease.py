@@ -1,19 +1,23 @@
 """One ingestor per lake: a lease held in a Delta table, taken and renewed with optimistic concurrency.
 
-    <root>/_leases     one row per take, renewal or release: name, owner, seq, taken_at, expires_at
+    <root>/_leases     one row per lease name: name, owner, seq, taken_at, expires_at
 
-The newest row of a name (highest seq) says who holds it and until when. Taking or renewing the lease
-appends a row at exactly the next table version: the row's `seq` is that version, and the commit is made
-with no retries, so of two ingestors that read the same version and both try, delta-rs commits one and
-refuses the other (CommitFailedError): the loser re-reads and finds the winner. A holder renews well
+A name's row says who holds it and until when. Taking or renewing the lease replaces that row (an
+overwrite of the name's rows) at exactly the next table version: the row's `seq` is that version, and the
+commit is made with no retries, so of two ingestors that read the same version and both try, delta-rs commits
+one and refuses the other (CommitFailedError): the loser re-reads and finds the winner. A holder renews well
 before expiry; one that dies stops renewing, and after `ttl_s` anyone may take the lease. The check comes
 before the ingestor writes anything, so a second ingestor refuses at start with one line naming the owner.
 Owners are <name>@<host>:<pid>; a holder on this host whose process is gone (killed, or a restarted
 container's earlier life) is taken over at once rather than after its TTL.
 
 Clocks: expiry compares wall-clock times written by different processes; on one machine or NTP-synced
-hosts the error is far below the TTL. Each renewal is a small commit (every ttl_s / 3 seconds); delta-rs
-checkpoints the log as it grows.
+hosts the error is far below the TTL.
+
+Size: a run lasting days renews its lease 8,640 times a day (every ttl_s / 3 seconds), one commit each.
+Readers read only the live row's file. At every 100th commit the holder checkpoints the log and deletes what
+is over an hour old (the replaced rows' files by vacuum, log entries by the table's log retention, which it
+sets to an hour), so the table keeps a few hundred files however long the run.
 
 Why by hand: delta-rs gives the atomic, non-retried commit this needs (CommitProperties(max_commit_retries=0)),
 but no lock or lease on top of it; Kafka's own answer (one consumer group member per partition) does not
@@ -38,6 +42,8 @@ LEASES_SCHEMA = pa.schema([
     ("taken_at", pa.float64()), ("expires_at", pa.float64()),
 ])
 TTL_S = 30.0
+TIDY_EVERY = 100  # commits of the lease table between two deletions of what is older than KEEP_HOURS
+KEEP_HOURS = 1
 
 
 class LeaseHeld(RuntimeError):
@@ -85,7 +91,7 @@ class Lease:
     def holder(self, table: DeltaTable | None = None) -> Holder | None:
         """Who holds the lease now (None: nobody, or it expired)."""
         table = table or self._table()
-        rows = pl.from_arrow(table.to_pyarrow_table()).filter(pl.col("name") == self.name)
+        rows = pl.from_arrow(table.to_pyarrow_table(filters=[("name", "=", self.name)]))
         if rows.is_empty():
             return None
         newest = rows.sort("seq").row(-1, named=True)
@@ -122,11 +128,25 @@ class Lease:
         row = pa.table({"name": [self.name], "owner": [self.owner], "seq": [table.version() + 1],
                         "taken_at": [taken_at], "expires_at": [expires_at]}, schema=LEASES_SCHEMA)
         try:
-            write_deltalake(table, row, mode="append", commit_properties=CommitProperties(max_commit_retries=0))
+            write_deltalake(table, row, mode="overwrite", predicate=f"name = '{self.name}'",
+                            commit_properties=CommitProperties(max_commit_retries=0))
         except CommitFailedError:
             # Another writer committed first: whoever it was now holds the lease (or just renewed theirs).
             holder = self.holder()
             raise LeaseHeld(self._held_message(holder) if holder else "the lease changed hands meanwhile") from None
+        if table.version() % TIDY_EVERY == 0:
+            self._tidy(table)
+
+    def _tidy(self, table: DeltaTable) -> None:
+        """Delete the replaced rows' files and the log entries older than KEEP_HOURS (the log's by the table's own
+        retention, which is set here the first time)."""
+        retention = {f"delta.{key}": f"interval {KEEP_HOURS} hours"
+                     for key in ("logRetentionDuration", "deletedFileRetentionDuration")}
+        if any(table.metadata().configuration.get(key) != value for key, value in retention.items()):
+            table.alter.set_table_properties(retention)
+        table.vacuum(retention_hours=KEEP_HOURS, enforce_retention_duration=False, dry_run=False)
+        table.create_checkpoint()  # log entries before the newest checkpoint are the ones that may go
+        table.cleanup_metadata()
 
     def _held_message(self, holder: Holder) -> str:
         left = max(0.0, holder.expires_at - time.time())

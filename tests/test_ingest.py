@@ -18,7 +18,7 @@ import pytest
 
 from demo_events import epoch_events, publish
 from lake import (
-    D_ENV, D_TRAIN, QUARANTINE, VALIDATIONS, IngestConfig, Ingestor, Lake, ingest, quarantine_by_reason, read_pool, read_table, silver,
+    D_ENV, D_TRAIN, QUARANTINE, VALIDATIONS, IngestConfig, Ingestor, Lake, RunRows, ingest, quarantine_by_reason, read_pool, read_table, silver,
     versions,
 )
 from lake import CHECKPOINTS, WEIGHTS, checkpoint_path, file_sha256
@@ -70,6 +70,34 @@ def test_an_epoch_lands_in_silver_and_both_pools(broker, lake, runner):
     batches = {t: e.p_hat for e in events if e.KIND == "batch" for t in e.task_ids}
     assert dict(zip(d_env["task_id"], d_env["p_hat"])) == batches
     assert read_table(lake, QUARANTINE).height == 0
+
+
+def test_a_runs_rows_are_its_rounds_each_id_once(broker, lake, runner):
+    """RunRows, which the async simulator, the launcher and both resumes read: epoch 0 is scored; epoch 1 is
+    rolled out but not scored, one rollout short, with one invalid task; the warm start's task and another
+    run's epoch are not the run's rounds; a redelivered epoch counts once."""
+    done = epoch_events("run-rows", 0)
+    short = [e for e in epoch_events("run-rows", 1)
+             if e.KIND != "batch" and getattr(e, "rollout_id", "") != "run-rows-e1-t0-r0"]
+    task = done[0]
+    invalid = dataclasses.replace(task, epoch=1, task_id="run-rows-e1-t9", valid=False, invalid_reason="unparseable",
+                                  task_prompt="", event_id="")
+    warm = dataclasses.replace(task, task_id="run-rows-w-t0", producer="warm-start", event_id="")
+    publish(broker.bootstrap, done + short + [invalid, warm] + epoch_events("other-run", 0))
+    run_ingest(lake, broker, runner)
+    publish(broker.bootstrap, done)
+    run_ingest(lake, broker, runner)
+
+    run = RunRows(lake, "run-rows")
+    assert run.valid_per_epoch() == {0: 4, 1: 4}
+    assert run.scored_per_epoch() == {0: 4}
+    assert run.tasks(valid=False).collect().height == 9
+    assert sorted(run.unscored_tasks().collect()["task_id"]) == [f"run-rows-e1-t{t}" for t in range(4)]
+    assert run.rollouts().collect().height == run.rewards().collect().height == 31
+    outcomes = run.outcomes()
+    assert len(outcomes) == 31 and all(difficulty == {"digits": 2} for difficulty, _ in outcomes)
+    sent = {e.rollout_id: e.success for e in done + short if e.KIND == "reward"}
+    assert sum(ok for _, ok in outcomes) == sum(sent.values())
 
 
 def with_id(cls, payload: dict) -> dict:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import polars as pl
 import psutil
@@ -159,6 +160,24 @@ def test_a_lease_is_taken_by_one_owner_and_a_stale_view_cannot_take_it(lake):
         first.take()
     time.sleep(1.1)
     first.take()
+
+
+def test_a_lease_renewed_for_days_keeps_its_table_small(lake, monkeypatch):
+    """Each renewal replaces the name's row; every TIDY_EVERY commits the holder deletes what is older than
+    KEEP_HOURS (here: everything replaced, every 10 commits), so the files do not grow with the run's length."""
+    from lake import lease
+
+    monkeypatch.setattr(lease, "KEEP_HOURS", 0)
+    monkeypatch.setattr(lease, "TIDY_EVERY", 10)
+    uri = lake.uri(LEASES)
+    holder = Lease(uri, owner="long-run", ttl_s=60)
+    for _ in range(60):
+        holder.take()
+    table = Path(uri)
+    assert Lease(uri, owner="other").holder().owner == "long-run"
+    assert read_table(lake, LEASES).height == 1
+    assert len(list(table.glob("*.parquet"))) < 15, "replaced rows' files were not deleted"
+    assert len(list((table / "_delta_log").glob("*.json"))) < 25, "old log entries were not deleted"
 
 
 def test_a_second_ingestor_refuses_before_writing_and_takes_over_once_the_owner_is_gone(tmp_path, broker):

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 import polars as pl
 
-from lake import Lake, read_table, silver
+from lake import Lake, RunRows
 from streams import RewardScored, RolloutCompleted, event_of
 from trainers import RWRConfig, TrainError, registry
 from trainers.update import SEED_VERSION
@@ -318,12 +318,11 @@ class CoEvolution:
 def landed_epochs(lake: Lake, run_id: str) -> tuple[dict[int, dict[str, GeneratedTask]], set[int]]:
     """A run's valid tasks in the lake by epoch (task id -> task, in generation order; every epoch with any task,
     valid or not), and the epochs whose every valid task is scored (an epoch of invalid tasks only is done)."""
-    of_run = (pl.col("run_id") == run_id) & (pl.col("producer") != "warm-start")
-    rows = read_table(lake, silver("task")).filter(of_run).unique("task_id", keep="first")
-    scored = set(read_table(lake, silver("batch")).filter(of_run)["task_ids"].explode().to_list())
+    run = RunRows(lake, run_id)
+    scored = set(run.scored_ids().collect()["task_id"].to_list())
     index = pl.col("task_id").str.extract(r"-t(\d+)$").cast(pl.Int64)
     tasks: dict[int, dict[str, GeneratedTask]] = {}
-    for row in rows.sort(["epoch", index]).iter_rows(named=True):
+    for row in run.tasks(valid=False).sort(["epoch", index]).collect().iter_rows(named=True):
         by_id = tasks.setdefault(row["epoch"], {})
         if row["valid"]:
             by_id[row["task_id"]] = generated_task(event_of("task", row))
@@ -332,5 +331,4 @@ def landed_epochs(lake: Lake, run_id: str) -> tuple[dict[int, dict[str, Generate
 
 
 def landed_rewards(lake: Lake, run_id: str, epoch: int) -> list[dict]:
-    of_epoch = (pl.col("run_id") == run_id) & (pl.col("epoch") == epoch) & (pl.col("producer") != "warm-start")
-    return read_table(lake, silver("reward")).filter(of_epoch).unique("rollout_id", keep="first").sort("rollout_id").to_dicts()
+    return RunRows(lake, run_id).rewards().filter(pl.col("epoch") == epoch).sort("rollout_id").collect().to_dicts()

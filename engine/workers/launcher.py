@@ -17,14 +17,14 @@ from pathlib import Path
 
 import polars as pl
 
-from lake import VALIDATIONS, Lake, lag, read_table, silver
+from lake import VALIDATIONS, Lake, RunRows, lag
 from streams.broker import broker_answers
 from trainers import manifest, new_rows, select_update_rows
 
 from ..coevolution import CoEvolution, LakeWriter, RunConfig, run_version, to_toml
 from .resume import republish
 from .supervisor import Supervisor
-from .worker import ROLES, run_progress
+from .worker import ROLES
 
 BROKER_CHECK_S = 10.0  # how often the launcher asks whether the broker still answers
 
@@ -59,7 +59,7 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
         f.write(to_toml(config))
     common = ["--lake", lake.root, "--bootstrap", bootstrap]
     run_id = engine.run_id
-    supervisor = Supervisor(run_id, bootstrap, lambda: max(run_progress(lake, run_id)[0], default=0), say)
+    supervisor = Supervisor(run_id, bootstrap, lambda: max(RunRows(lake, run_id).valid_per_epoch(), default=0), say)
     copies = {"rollout": config.rollout_workers, "reward": config.reward_workers}
     for role in ROLES:
         for i in range(copies.get(role, 1)):
@@ -89,7 +89,7 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
             # The simulator has written every round; then every valid task gets scored, and the agent trainer
             # either makes its last update or has trained on everything the pool holds.
             wait(lambda: supervisor.finished("simulator"), "the simulator did not write its rounds")
-            wait(lambda: lag(lake, bootstrap) == 0 and not _unscored_tasks(lake, run_id), "rewards did not land")
+            wait(lambda: lag(lake, bootstrap) == 0 and not _count(RunRows(lake, run_id).unscored_tasks()), "rewards did not land")
             wait(lambda: supervisor.finished("train-agent") or _agent_caught_up(lake, run_id, config),
                  "the agent trainer did not catch up")
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (the CLI makes it an exit): a clean stop
@@ -116,27 +116,21 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
 def missing_work(lake: Lake, run_id: str, config: RunConfig) -> list[str]:
     """What a finished run's lake should hold and does not: every valid task with group_size rollouts, each rollout
     with its reward, every task scored, and the agent trained at least once."""
-    of_run = (pl.col("run_id") == run_id) & (pl.col("producer") != "warm-start")
-    tasks = read_table(lake, silver("task")).filter(of_run & pl.col("valid"))
-    rollouts = read_table(lake, silver("rollout")).filter(of_run).unique("rollout_id")
-    rewards = read_table(lake, silver("reward")).filter(of_run).unique("rollout_id")
-    per_task = rollouts.group_by("task_id").len()
-    short = tasks.join(per_task, on="task_id", how="left").filter(pl.col("len").fill_null(0) < config.group_size)
-    unrewarded = rollouts.join(rewards, on="rollout_id", how="anti")
+    run = RunRows(lake, run_id)
+    per_task = run.rollouts("task_id").group_by("task_id").len()
+    short = run.tasks().join(per_task, on="task_id", how="left").filter(pl.col("len").fill_null(0) < config.group_size)
+    unrewarded = run.rollouts().join(run.rewards(), on="rollout_id", how="anti")
     problems = [f"{n} {what}" for n, what in (
-        (short.height, f"valid tasks with fewer than {config.group_size} rollouts"),
-        (unrewarded.height, "rollouts without a reward"),
-        (_unscored_tasks(lake, run_id), "valid tasks without a score")) if n]
+        (_count(short), f"valid tasks with fewer than {config.group_size} rollouts"),
+        (_count(unrewarded), "rollouts without a reward"),
+        (_count(run.unscored_tasks()), "valid tasks without a score")) if n]
     if run_version(lake, "agent", run_id) == 0:
         problems.append("an agent checkpoint")
     return problems
 
 
-def _unscored_tasks(lake: Lake, run_id: str) -> int:
-    """Valid tasks of the run that no BatchScored covers yet."""
-    tasks = read_table(lake, silver("task")).filter((pl.col("run_id") == run_id) & pl.col("valid"))
-    covered = read_table(lake, silver("batch")).filter(pl.col("run_id") == run_id)["task_ids"].explode()
-    return tasks.filter(~pl.col("task_id").is_in(covered.implode())).height
+def _count(rows: pl.LazyFrame) -> int:
+    return rows.select(pl.len()).collect().item()
 
 
 def _agent_caught_up(lake: Lake, run_id: str, config: RunConfig) -> bool:

@@ -21,25 +21,23 @@ from __future__ import annotations
 
 import polars as pl
 
-from lake import Lake, bronze, read_table, silver
+from lake import Lake, RunRows, bronze
 from streams import TOPICS, Event, EventProducer, cluster_id, event_of
 
 
 def same_log(lake: Lake, bootstrap: str) -> bool:
     """The broker is the cluster the lake has been ingesting from (its log survived)."""
-    clusters = read_table(lake, bronze(TOPICS["task"]))["kafka_cluster"].unique().to_list()
+    clusters = lake.scan(bronze(TOPICS["task"])).select("kafka_cluster").unique().collect()["kafka_cluster"].to_list()
     return cluster_id(bootstrap) in clusters
 
 
 def unfinished(lake: Lake, run_id: str) -> list[Event]:
     """The run's valid tasks without a score, each followed by the rollouts the lake holds of it."""
-    of_run = (pl.col("run_id") == run_id) & (pl.col("producer") != "warm-start")
-    tasks = read_table(lake, silver("task")).filter(of_run & pl.col("valid")).unique("task_id", keep="first")
-    scored = read_table(lake, silver("batch")).filter(of_run)["task_ids"].explode()
-    tasks = tasks.filter(~pl.col("task_id").is_in(scored.implode())).sort("task_id")
-    rollouts = read_table(lake, silver("rollout")).filter(of_run & pl.col("task_id").is_in(tasks["task_id"].implode()))
+    run = RunRows(lake, run_id)
+    tasks = run.unscored_tasks().sort("task_id").collect()
+    rollouts = run.rollouts().filter(pl.col("task_id").is_in(tasks["task_id"].implode())).sort("rollout_id").collect()
     by_task: dict[str, list[dict]] = {}
-    for row in rollouts.unique("rollout_id", keep="first").sort("rollout_id").iter_rows(named=True):
+    for row in rollouts.iter_rows(named=True):
         by_task.setdefault(row["task_id"], []).append(row)
     events: list[Event] = []
     for row in tasks.iter_rows(named=True):

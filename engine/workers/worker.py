@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import socket
 import time
@@ -40,7 +39,7 @@ from kafka import ConsumerRebalanceListener, TopicPartition
 from deltalake.exceptions import DeltaError
 from kafka.errors import CommitFailedError, KafkaError
 
-from lake import Lake, StorageError, read_table, silver
+from lake import Lake, RunRows, StorageError
 from streams import EventProducer, HeldOffsets, decode, ensure_topics, group_consumer
 from trainers import TrainError, latest_version, manifest
 from trainers.update import POOL_OF, new_rows
@@ -163,19 +162,6 @@ class Worker:
             role.load(self.lake, newest)
 
 
-def run_progress(lake: Lake, run_id: str) -> tuple[dict[int, int], dict[int, int], list[tuple[dict, bool]]]:
-    """What the lake holds of a run's rounds: valid tasks per epoch, tasks scored per epoch, and the (difficulty,
-    success) of every scored rollout of the run's tasks, oldest first."""
-    of_run = (pl.col("run_id") == run_id) & (pl.col("producer") != "warm-start")
-    valid = read_table(lake, silver("task")).filter(of_run & pl.col("valid")).unique("task_id")
-    batches = read_table(lake, silver("batch")).filter(of_run).unique("batch_id")
-    rewards = read_table(lake, silver("reward")).filter(of_run).unique("rollout_id")
-    scored = rewards.join(valid.select("task_id", "difficulty_json"), on="task_id").sort("produced_at")
-    return (dict(valid.group_by("epoch").len().iter_rows()),
-            dict(batches.group_by("epoch").agg(pl.col("n_tasks").sum()).iter_rows()),
-            [(json.loads(d or "{}"), bool(ok)) for d, ok in scored.select("difficulty_json", "success").iter_rows()])
-
-
 class SimulatorWorker(Worker):
     """One per run. Its progress is the lake's: a restarted simulator goes on after the last round the lake holds
     (a round it wrote but the lake has not landed is written again, under the same task ids)."""
@@ -185,17 +171,17 @@ class SimulatorWorker(Worker):
     def loop(self, consumer, stop: Stop) -> None:
         cfg = self.config
         simulator = Simulator(cfg, self.domain, self.run_id)
-        valid_in, _, _ = run_progress(self.lake, self.run_id)
+        run = RunRows(self.lake, self.run_id)
+        valid_in = run.valid_per_epoch()  # valid tasks of each round written (the lake's, then this worker's)
         round_ = max(valid_in, default=-1) + 1
         barren = 0  # rounds in a row without a valid task
         while (cfg.epochs == 0 or round_ < cfg.epochs) and not stop():
-            valid_now, scored, history = run_progress(self.lake, self.run_id)
-            if round_ > 0 and scored.get(round_ - 1, 0) < valid_in.get(round_ - 1, valid_now.get(round_ - 1, 0)):
+            if round_ > 0 and run.scored_per_epoch().get(round_ - 1, 0) < valid_in.get(round_ - 1, 0):
                 time.sleep(POLL_S)
                 continue
             if simulator.needs_model:
                 self.refresh(simulator, every=0)
-            recent = history[-4 * cfg.tasks_per_epoch * cfg.group_size:]
+            recent = run.outcomes()[-4 * cfg.tasks_per_epoch * cfg.group_size:]
             published, valid = simulator.tasks_for(round_, recent)
             valid_in[round_] = len(valid)
             self.publish([simulator.event(t, producer=self.name) for t in published])
@@ -235,10 +221,9 @@ class RolloutWorker(Worker):
         if not tasks:
             return tasks
         ids = [t.task_id for t in tasks]
-        # Every poll asks this: scan only the two id columns of the batch's tasks, not the whole table's texts.
-        counts = (self.lake.scan(silver("rollout"))
-                  .filter((pl.col("run_id") == self.run_id) & pl.col("task_id").is_in(ids))
-                  .group_by("task_id").agg(pl.col("rollout_id").n_unique()).collect())
+        # Every poll asks this: RunRows scans the id columns of the run's rollouts, not the table's texts.
+        counts = (RunRows(self.lake, self.run_id).rollouts("task_id").filter(pl.col("task_id").is_in(ids))
+                  .group_by("task_id").len().collect())
         done = {t for t, n in counts.iter_rows() if n >= self.config.group_size}
         return [t for t in tasks if t.task_id not in done]
 
@@ -354,8 +339,8 @@ class RewardWorker(Worker):
         """Rollouts whose task never comes: repeats of rollouts of a task scored before this worker started (its
         task message was committed past). The lake says which; they need no second score."""
         waiting = {r.task_id for _, r in self.early}
-        batches = read_table(self.lake, silver("batch")).filter(pl.col("run_id") == self.run_id)
-        done = waiting & set(batches["task_ids"].explode().to_list())
+        scored = RunRows(self.lake, self.run_id).scored_ids().filter(pl.col("task_id").is_in(list(waiting)))
+        done = set(scored.collect()["task_id"].to_list())
         for task_id in done:
             self.finished(task_id)
         self.early = [(m, r) for m, r in self.early if r.task_id not in done]
