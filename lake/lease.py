@@ -26,6 +26,7 @@ fit an ingestor that assigns itself every partition and keeps its offsets in the
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -34,13 +35,14 @@ from dataclasses import dataclass
 import polars as pl
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 LEASES = "_leases"
 LEASES_SCHEMA = pa.schema([
     ("name", pa.string()), ("owner", pa.string()), ("seq", pa.int64()),
     ("taken_at", pa.float64()), ("expires_at", pa.float64()),
 ])
+log = logging.getLogger(__name__)
 TTL_S = 30.0
 TIDY_EVERY = 100  # commits of the lease table between two deletions of what is older than KEEP_HOURS
 KEEP_HOURS = 1
@@ -135,7 +137,10 @@ class Lease:
             holder = self.holder()
             raise LeaseHeld(self._held_message(holder) if holder else "the lease changed hands meanwhile") from None
         if table.version() % TIDY_EVERY == 0:
-            self._tidy(table)
+            try:
+                self._tidy(table)
+            except (DeltaError, OSError) as exc:  # housekeeping: the lease is renewed; the next tidy tries again
+                log.warning("could not tidy the lease table %s: %s", self.uri, exc)
 
     def _tidy(self, table: DeltaTable) -> None:
         """Delete the replaced rows' files and the log entries older than KEEP_HOURS (the log's by the table's own

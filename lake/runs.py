@@ -1,8 +1,8 @@
 """What the lake holds of one run: its tasks, their rollouts and rewards, and which tasks are scored.
 
-Four readers ask this, each often: the async simulator every second while it waits for a round to be scored,
-the launcher before it calls a run whole, and both resumes (sync and async) to find where a run stopped.
-They all read it here, from lazy scans that keep only the run's rows and the columns asked for: a run that
+Many readers ask this, some often: the async simulator every second while it waits for a round to be scored,
+the rollout and reward workers on their polls, the launcher before it calls a run whole, and both resumes
+(sync and async) to find where a run stopped. They all read it here, from lazy scans that keep only the run's rows and the columns asked for: a run that
 streams for days has silver tables that no worker should read whole once a second.
 
 Invariants:
@@ -28,28 +28,38 @@ class RunRows:
     def __init__(self, lake: Lake, run_id: str):
         self.lake, self.run_id = lake, run_id
 
-    def _of_run(self, kind: str, *columns: str) -> pl.LazyFrame:
-        rows = self.lake.scan(silver(kind)).filter((pl.col("run_id") == self.run_id) & (pl.col("producer") != "warm-start"))
-        return rows.select(*columns) if columns else rows
+    def _scan(self, kind: str, where: pl.Expr | None = None) -> pl.LazyFrame:
+        """The run's rows of a silver table that meet `where`: filters the scan, so only they are read."""
+        of_run = (pl.col("run_id") == self.run_id) & (pl.col("producer") != "warm-start")
+        return self.lake.scan(silver(kind)).filter(of_run if where is None else of_run & where)
+
+    def _first_of_each(self, kind: str, key: str, columns: tuple[str, ...], where: pl.Expr | None = None) -> pl.LazyFrame:
+        """The first row of each `key` among the run's rows that meet `where`; all columns unless some are named
+        (the key always comes with them)."""
+        rows = self._scan(kind, where).unique(key, keep="first", maintain_order=True)
+        return rows.select(key, *(c for c in columns if c != key)) if columns else rows
 
     def tasks(self, *columns: str, valid: bool = True) -> pl.LazyFrame:
-        """The run's tasks (only the valid ones unless `valid=False`), the first copy of each; all columns
-        unless some are named (task_id always comes with them)."""
-        rows = self._of_run("task")
-        if valid:
-            rows = rows.filter(pl.col("valid"))
-        rows = rows.unique("task_id", keep="first", maintain_order=True)
-        return rows.select("task_id", *(c for c in columns if c != "task_id")) if columns else rows
+        """The run's tasks, only the valid ones unless `valid=False`."""
+        return self._first_of_each("task", "task_id", columns, pl.col("valid") if valid else None)
 
     def rollouts(self, *columns: str) -> pl.LazyFrame:
-        return self._of_run("rollout", *_with("rollout_id", columns)).unique("rollout_id", keep="first", maintain_order=True)
+        return self._first_of_each("rollout", "rollout_id", columns)
 
     def rewards(self, *columns: str) -> pl.LazyFrame:
-        return self._of_run("reward", *_with("rollout_id", columns)).unique("rollout_id", keep="first", maintain_order=True)
+        return self._first_of_each("reward", "rollout_id", columns)
+
+    def rollouts_per_task(self, task_ids: list[str] | None = None) -> pl.LazyFrame:
+        """task_id, len: how many distinct rollouts the lake holds of each task (of `task_ids` only, if given).
+        The rollout worker asks this on every poll, so the ids filter the scan itself and no row is kept
+        beyond two id columns."""
+        rows = self._scan("rollout", None if task_ids is None else pl.col("task_id").is_in(task_ids))
+        return rows.group_by("task_id").agg(pl.col("rollout_id").n_unique().alias("len"))
 
     def scored_ids(self) -> pl.LazyFrame:
         """One column, task_id: every task a BatchScored of the run names."""
-        return self._of_run("batch", "task_ids").explode("task_ids").select(pl.col("task_ids").alias("task_id")).unique()
+        return self._first_of_each("batch", "batch_id", ("task_ids",)).select(
+            pl.col("task_ids").explode().alias("task_id")).unique()
 
     def unscored_tasks(self, *columns: str) -> pl.LazyFrame:
         """The run's valid tasks that no BatchScored covers yet."""
@@ -61,7 +71,7 @@ class RunRows:
 
     def scored_per_epoch(self) -> dict[int, int]:
         """Tasks scored per epoch (round), from the batches' sizes."""
-        batches = self._of_run("batch", "batch_id", "epoch", "n_tasks").unique("batch_id", keep="first")
+        batches = self._first_of_each("batch", "batch_id", ("epoch", "n_tasks"))
         return dict(batches.group_by("epoch").agg(pl.col("n_tasks").sum()).collect().iter_rows())
 
     def outcomes(self) -> list[tuple[dict, bool]]:
@@ -72,7 +82,3 @@ class RunRows:
                   .select("difficulty_json", "success").collect())
         return [(json.loads(d or "{}"), bool(ok)) for d, ok in scored.iter_rows()]
 
-
-def _with(key: str, columns: tuple[str, ...]) -> tuple[str, ...]:
-    """The columns asked for with the id first (none asked: all of them)."""
-    return (key, *(c for c in columns if c != key)) if columns else ()

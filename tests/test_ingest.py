@@ -94,6 +94,9 @@ def test_a_runs_rows_are_its_rounds_each_id_once(broker, lake, runner):
     assert run.tasks(valid=False).collect().height == 9
     assert sorted(run.unscored_tasks().collect()["task_id"]) == [f"run-rows-e1-t{t}" for t in range(4)]
     assert run.rollouts().collect().height == run.rewards().collect().height == 31
+    assert dict(run.rollouts_per_task(["run-rows-e1-t0", "run-rows-e1-t1"]).collect().iter_rows()) == {
+        "run-rows-e1-t0": 3, "run-rows-e1-t1": 4}
+    assert run.rollouts_per_task().collect().height == 8
     outcomes = run.outcomes()
     assert len(outcomes) == 31 and all(difficulty == {"digits": 2} for difficulty, _ in outcomes)
     sent = {e.rollout_id: e.success for e in done + short if e.KIND == "reward"}

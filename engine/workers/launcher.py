@@ -117,8 +117,7 @@ def missing_work(lake: Lake, run_id: str, config: RunConfig) -> list[str]:
     """What a finished run's lake should hold and does not: every valid task with group_size rollouts, each rollout
     with its reward, every task scored, and the agent trained at least once."""
     run = RunRows(lake, run_id)
-    per_task = run.rollouts("task_id").group_by("task_id").len()
-    short = run.tasks().join(per_task, on="task_id", how="left").filter(pl.col("len").fill_null(0) < config.group_size)
+    short = run.tasks().join(run.rollouts_per_task(), on="task_id", how="left").filter(pl.col("len").fill_null(0) < config.group_size)
     unrewarded = run.rollouts().join(run.rewards(), on="rollout_id", how="anti")
     problems = [f"{n} {what}" for n, what in (
         (_count(short), f"valid tasks with fewer than {config.group_size} rollouts"),

@@ -221,9 +221,7 @@ class RolloutWorker(Worker):
         if not tasks:
             return tasks
         ids = [t.task_id for t in tasks]
-        # Every poll asks this: RunRows scans the id columns of the run's rollouts, not the table's texts.
-        counts = (RunRows(self.lake, self.run_id).rollouts("task_id").filter(pl.col("task_id").is_in(ids))
-                  .group_by("task_id").len().collect())
+        counts = RunRows(self.lake, self.run_id).rollouts_per_task(ids).collect()
         done = {t for t, n in counts.iter_rows() if n >= self.config.group_size}
         return [t for t in tasks if t.task_id not in done]
 
