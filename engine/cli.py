@@ -207,7 +207,7 @@ def run(
             metrics = with_measures(metrics, lake_, engine.run_id)
     relative = f"reports/{engine.run_id}"
     page = write_report(report or lake_.files.local(relative), engine.run_id, cfg, metrics, engine.initial_accuracy,
-                        lake_.root, engine.initial_validation.by_level, engine.final_benchmark)
+                        lake_.root, engine.initial_validation.by_level, engine.final_benchmark, engine.learning())
     if report is None and lake_.files.remote:
         lake_.files.upload_folder(relative)
         console.print(f"report uploaded to {lake_.root}/{relative}")

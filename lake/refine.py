@@ -224,7 +224,8 @@ def d_train_row(rollout: dict, reward: dict) -> dict:
         "epoch": rollout["epoch"], "group_index": rollout["group_index"],
         "agent_model_version": rollout["agent_model_version"], "prompt": rollout["prompt"],
         "completion": rollout["completion"], "completion_token_ids": rollout["completion_token_ids"],
-        "behaviour_logprobs": rollout["behaviour_logprobs"], "reward": reward["reward"],
+        "behaviour_logprobs": rollout["behaviour_logprobs"], "temperature": rollout.get("temperature"),
+        "reward": reward["reward"],
         "success": reward["success"], "checker_detail": reward["checker_detail"],
         "rollout_event_id": rollout["event_id"], "reward_event_id": reward["event_id"],
     }

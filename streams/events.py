@@ -114,6 +114,7 @@ class RolloutCompleted(Event):
     completion_token_ids: list[int] = field(default_factory=list)
     behaviour_logprobs: list[float] = field(default_factory=list)
     turns_json: str = "[]"
+    temperature: float | None = None  # what the completion was sampled at: its logprobs are of softmax(logits / T)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,7 +251,7 @@ def field_rules(cls: type[Event]) -> dict[str, FieldRule]:
         is_list = any(typing.get_origin(a) is list for a in arms)
         if is_list:
             (arms,) = [set(typing.get_args(a)) for a in arms if typing.get_origin(a) is list]
-        allowed = {int, float} if float in arms else set(arms)
+        allowed = ({int} | set(arms)) if float in arms else set(arms)  # an optional float keeps its None
         rules[name] = FieldRule(annotation, frozenset(allowed), is_list, float in arms, int in arms)
     return rules
 
@@ -330,7 +331,7 @@ def _check_value(cls: type[Event], name: str, value: Any, rule: FieldRule) -> An
     items = value if rule.is_list and type(value) is list else (value,)
     if (rule.is_list and type(value) is not list) or any(type(item) not in rule.types for item in items):
         raise EventDecodeError(f"type:{name}", f"{cls.__name__}.{name} = {repr(value)[:60]} is not {rule.annotation}")
-    if rule.is_float:
+    if rule.is_float and value is not None:
         try:
             converted = [float(v) for v in items]
         except OverflowError:

@@ -3,6 +3,7 @@
     <lake>/checkpoints/<kind>/v<version>/
         model.safetensors, config.json, tokenizer files    a folder transformers loads as it is
         genenv.json                                         the lineage: parent, base model, pool + version, config, seed
+        optimizer.pt                                        the AdamW state and lineage step the update ended with
 
 Invariants:
 - A checkpoint folder appears whole or not at all: it is written beside its final name, then renamed.
@@ -17,6 +18,9 @@ Invariants:
 - On an s3:// lake a checkpoint is written to the local cache, uploaded weights last, then published; loading
   fetches it into the cache unless the cache holds weights with the registered hash (lake/storage.py).
 - Version 0 of each kind is the base model itself, named in every checkpoint's lineage; it has no folder.
+- An update's optimiser state is saved beside its weights (optimizer.pt, its sha256 in genenv.json), so the next
+  update, a replay of it, a resumed run and a restarted trainer all continue the same optimiser from the lake.
+  Warm starts (SFT, another objective) save none: the first update after one starts a fresh optimiser.
 """
 
 from __future__ import annotations
@@ -29,12 +33,18 @@ from pathlib import Path
 
 import polars as pl
 
-from lake import CHECKPOINTS, Lake, StorageError, checkpoint_path, read_table, weights_refusal, write_weights_manifest
+import torch
 
+from lake import (
+    CHECKPOINTS, Lake, StorageError, checkpoint_path, file_sha256, read_table, weights_refusal, write_weights_manifest,
+)
+
+from .loop import OptimizerState
 from .models import CPU, LoadedModel, Precision, load_model
 
 KINDS = ("agent", "env")
 MANIFEST = "genenv.json"
+OPTIMIZER = "optimizer.pt"
 
 
 class CheckpointError(RuntimeError):
@@ -93,14 +103,17 @@ SHARD_SIZE = "2GB"  # weights above it are written as shards with a manifest (la
 
 
 def save_checkpoint(model, tokenizer, target: Path, manifest: dict, max_shard_size: str = SHARD_SIZE,
-                    state_dict: dict | None = None) -> str:
-    """Write model (in its dtype; or `state_dict`, the weights a multi-process update gathered), tokenizer and
-    lineage to `target` (whole or not at all); return the weights' sha256 (of the one file, or of the shards'
-    manifest)."""
+                    state_dict: dict | None = None, optimizer: OptimizerState | None = None) -> str:
+    """Write model (in its dtype; or `state_dict`, the weights a multi-process update gathered), tokenizer,
+    the optimiser state the update ended with (when given) and lineage to `target` (whole or not at all); return
+    the weights' sha256 (of the one file, or of the shards' manifest)."""
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial, safe_serialization=True, max_shard_size=max_shard_size, state_dict=state_dict)
     tokenizer.save_pretrained(partial)
+    if optimizer is not None and optimizer.optimizer is not None:
+        torch.save({"optimizer": optimizer.optimizer, "step": optimizer.step}, partial / OPTIMIZER)
+        manifest = {**manifest, "optimizer_sha256": file_sha256(partial / OPTIMIZER), "optimizer_step": optimizer.step}
     sha = write_weights_manifest(partial)
     (partial / MANIFEST).write_text(json.dumps({**manifest, "sha256": sha}, indent=2, sort_keys=True))
     # A folder left by a run that died before publishing is not a checkpoint of record: replace it.
@@ -156,6 +169,22 @@ def load_checkpoint(lake: Lake, kind: str, version: int, base_model: str | None 
     row = registered(lake, kind, version)
     return load_verified(fetch_checkpoint(lake, kind, version, row["sha256"]), row["sha256"], f"{kind} checkpoint version {version}",
                          precision)
+
+
+def load_optimizer_state(lake: Lake, kind: str, version: int) -> OptimizerState | None:
+    """The optimiser state the update that wrote checkpoint `version` ended with, checked against the hash its
+    lineage records; None for the base model and for checkpoints saved without one (warm starts)."""
+    if version == 0:
+        return None
+    expected = manifest(lake, kind, version).get("optimizer_sha256")
+    if not expected:
+        return None
+    path = fetch_checkpoint(lake, kind, version, registered(lake, kind, version)["sha256"]) / OPTIMIZER
+    if not path.is_file() or file_sha256(path) != expected:
+        raise CheckpointError(f"{kind} checkpoint version {version}: {OPTIMIZER} is missing or does not match its "
+                              "recorded sha256 (corrupt or replaced)")
+    saved = torch.load(path, map_location="cpu", weights_only=True)  # tensors and numbers only: never unpickles code
+    return OptimizerState(saved["optimizer"], int(saved["step"]))
 
 
 def load_published(lake: Lake, kind: str, version: int, sha256: str, precision: Precision = CPU) -> LoadedModel:

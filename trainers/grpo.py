@@ -32,7 +32,7 @@ import torch
 
 from .batching import SharedPrefixBatch, completion_logps, pack_shared
 from .distributed import rank_batches
-from .loop import OptimConfig, OptimizerCarry, Progress, optimise, with_lora
+from .loop import OptimConfig, OptimizerState, Progress, optimise, with_lora
 from .losses import GRPOLossConfig, group_advantages, grpo_loss
 
 
@@ -43,6 +43,9 @@ class GRPOConfig(OptimConfig, GRPOLossConfig):
     max_staleness: int = 1  # rows from agents more than this many versions behind the parent are dropped
     off_policy: Literal["truncate", "drop"] = "truncate"  # what to do with rows 1..max_staleness versions behind
     importance_sampling_cap: float = 2.0  # TRL's vllm_importance_sampling_cap
+    # Leave out the groups whose rewards are all equal (DAPO's dynamic sampling, verl's filter_groups): their
+    # advantage is 0, so they only dilute a token-normalised loss and cost a forward and backward pass.
+    filter_groups: bool = True
 
     def check(self) -> None:
         super().check()
@@ -88,8 +91,18 @@ def select_rows(rows: pl.DataFrame, parent_version: int, config: GRPOConfig) -> 
             dropped["stale"] += 1
         elif not ids or len(ids) != len(logps):
             dropped["no_token_logprobs"] += 1
+        elif row.get("temperature") is not None and abs(row["temperature"] - config.temperature) > 1e-9:
+            dropped["other_temperature"] += 1  # its logprobs are of another softmax: the ratio would be wrong
         else:
             kept.append({**row, "staleness": staleness})
+    if config.filter_groups:
+        rewards: dict[str, set[float]] = {}
+        for row in kept:
+            rewards.setdefault(row["task_id"], set()).add(row["reward"])
+        mixed = [row for row in kept if len(rewards[row["task_id"]]) > 1]
+        if len(mixed) < len(kept):
+            dropped["zero_std_group"] += len(kept) - len(mixed)
+        kept = mixed
     return pl.DataFrame(kept, infer_schema_length=None) if kept else rows.clear(), dropped
 
 
@@ -141,9 +154,9 @@ class GRPOTrainer:
             batches.append(MicroBatch(tokens, old, advantages[indices], weights, ref))
         return batches
 
-    def train(self, rows: pl.DataFrame, progress: Progress | None = None, carry: OptimizerCarry | None = None) -> dict:
-        """One update over `rows` (already selected by `select_rows`); returns its metrics. carry: the optimiser
-        state of the trainer's previous update, continued (trainers/loop.py)."""
+    def train(self, rows: pl.DataFrame, progress: Progress | None = None, state: OptimizerState | None = None) -> dict:
+        """One update over `rows` (already selected by `select_rows`); returns its metrics. state: where the
+        optimiser starts (the parent update's), left holding where it ended (trainers/loop.py)."""
         torch.manual_seed(self.config.seed)
         batches = self.micro_batches(rows)
 
@@ -155,7 +168,7 @@ class GRPOTrainer:
                              on(mb.ref_logps), on(mb.token_weights))
 
         metrics = optimise(self.model, batches, loss_of, self.config, self.config.num_iterations, progress,
-                           self.accelerator, carry)
+                           self.accelerator, state)
         rewards = rows["reward"]
         zero_std = rows.group_by("task_id").agg(pl.col("reward").n_unique() == 1)["reward"].mean()
         return {**metrics, "rows": rows.height, "groups": rows["task_id"].n_unique(), "reward_mean": rewards.mean(),

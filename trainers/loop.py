@@ -1,7 +1,18 @@
-"""What both trainers share: the optimiser options, LoRA, and one pass of micro-batches with accumulation."""
+"""What both trainers share: the optimiser options, LoRA, the learning-rate schedule, and the passes of
+micro-batches with accumulation.
+
+The optimiser is one AdamW across a lineage of updates: each update starts from the state its parent's update
+ended with (OptimizerState, saved beside the checkpoint as optimizer.pt by trainers/update.py) and continues
+its learning-rate schedule from the step it reached. A fresh AdamW per update would make every update one first
+Adam step from zero moments: a move of about +-lr per weight whatever its gradient, sign descent rather than
+Adam. The schedule is transformers' (`get_scheduler`, TrainingArguments' option names), counted in optimiser
+steps over the lineage, not within one update.
+"""
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -11,6 +22,7 @@ import torch
 
 Progress = Callable[[int, int], None]  # (micro-batches done, total)
 FSDP_MODES = ("", "full_shard", "shard_grad_op")  # TrainingArguments' names; "": DDP
+SCHEDULES = ("constant", "constant_with_warmup", "linear", "cosine")  # TrainingArguments' lr_scheduler_type names
 
 
 @dataclass
@@ -19,7 +31,13 @@ class OptimConfig:
 
     learning_rate: float = 1e-5
     per_device_train_batch_size: int = 8  # rows per micro-batch
-    gradient_accumulation_steps: int = 1  # micro-batches per optimiser step
+    gradient_accumulation_steps: int = 1  # micro-batches per optimiser step (the last step of a pass takes what is left)
+    # The schedule spans the lineage's optimiser steps (every update continues it). linear and cosine decay to 0 at
+    # max_steps (and stay there); warmup_steps, or warmup_ratio of max_steps, ramp up from 0 first.
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    max_steps: int = 0  # optimiser steps over the whole lineage; needed by linear, cosine and warmup_ratio
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     seed: int = 0
@@ -37,6 +55,13 @@ class OptimConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.lr_scheduler_type not in SCHEDULES:
+            raise ValueError(f"lr_scheduler_type must be one of {', '.join(SCHEDULES)}, got {self.lr_scheduler_type!r}")
+        if self.warmup_steps < 0 or not 0 <= self.warmup_ratio < 1 or self.max_steps < 0:
+            raise ValueError("warmup_steps and max_steps must be >= 0, warmup_ratio in [0, 1)")
+        if (self.lr_scheduler_type in ("linear", "cosine") or self.warmup_ratio) and not self.max_steps:
+            raise ValueError(f"lr_scheduler_type {self.lr_scheduler_type!r} and warmup_ratio need max_steps (the "
+                             "lineage's optimiser steps) > 0")
         if self.use_peft and self.lora_r < 1:
             raise ValueError(f"lora_r must be >= 1, got {self.lora_r}")
         if self.fsdp not in FSDP_MODES:
@@ -45,14 +70,34 @@ class OptimConfig:
             raise ValueError("fsdp shards full fine-tuning; LoRA adapters are small enough for DDP (leave fsdp empty)")
 
 
-@dataclass
-class OptimizerCarry:
-    """The AdamW state a long-running trainer carries from one update to the next, so consecutive updates continue
-    one optimiser. Never saved: a restarted trainer starts a fresh one, and each checkpoint's lineage says which
-    it was (metrics "optimizer")."""
+    @property
+    def warmup(self) -> int:
+        return self.warmup_steps or math.ceil(self.warmup_ratio * self.max_steps)
 
-    state: dict | None = None
-    version: int | None = None  # the checkpoint the state led to: only an update from it may continue it
+
+@dataclass
+class OptimizerState:
+    """Where an update's optimiser starts and what it leaves: AdamW's state dict (None: a fresh optimiser) and the
+    optimiser steps the lineage has taken (where the learning-rate schedule stands)."""
+
+    optimizer: dict | None = None
+    step: int = 0
+
+
+def lr_schedule(optimiser, config: OptimConfig, start: int):
+    """transformers' schedule for the options, standing at lineage step `start` (its lr is the next step's)."""
+    from transformers import get_scheduler
+
+    name = "constant_with_warmup" if config.lr_scheduler_type == "constant" else config.lr_scheduler_type
+    for group in optimiser.param_groups:
+        group["lr"] = group["initial_lr"] = config.learning_rate
+    scheduler = get_scheduler(name, optimiser, num_warmup_steps=config.warmup, num_training_steps=config.max_steps or None)
+    if start:
+        with warnings.catch_warnings():  # stepped before the optimiser on purpose: it resumes a lineage
+            warnings.simplefilter("ignore", UserWarning)
+            scheduler.last_epoch = start - 1
+            scheduler.step()
+    return scheduler
 
 
 def with_lora(model, config: OptimConfig):
@@ -70,23 +115,29 @@ def merged(model):
 
 def optimise(model, micro_batches: Sequence[Any], loss_of: Callable[[Any, Any], tuple[torch.Tensor, dict]],
              config: OptimConfig, passes: int = 1, progress: Progress | None = None, accelerator=None,
-             carry: OptimizerCarry | None = None) -> dict:
+             state: OptimizerState | None = None) -> dict:
     """`passes` sweeps over the micro-batches, one optimiser step every gradient_accumulation_steps.
 
-    loss_of(micro_batch, model) returns the micro-batch's mean loss and its metrics (it must run the model it is
-    given: under DDP that is the wrapper whose backward reduces gradients); the result is their mean over every
-    micro-batch, with the number of optimiser steps and the last grad norm. accelerator: with several processes
-    (trainers/distributed.py), accelerate wraps the model and optimiser and reduces the gradients; every rank
-    must then hold the same number of micro-batches. carry: the optimiser starts from carry.state when it holds
-    one, and leaves its own state there."""
+    A step's loss is the mean over the micro-batches it actually has (the last step of a pass may have fewer), so
+    every step has the size the learning rate means. loss_of(micro_batch, model) returns the micro-batch's mean
+    loss and its metrics (it must run the model it is given: under DDP that is the wrapper whose backward reduces
+    gradients); the result is their mean over every micro-batch, with the number of optimiser steps, the last
+    learning rate and grad norm. accelerator: with several processes (trainers/distributed.py), accelerate wraps
+    the model and optimiser and reduces the gradients; every rank must then hold the same number of
+    micro-batches. state: where the optimiser and its schedule start (a fresh AdamW at step 0 when None or
+    empty); the optimiser's state at the end is left there."""
     params = [p for p in model.parameters() if p.requires_grad]
     # On CUDA, torch's fused AdamW: one kernel, and no temporary the size of the moments (the default foreach
     # step allocates one for sqrt(v): 4 bytes per trained weight, which is what took a 7B full fine-tune on one
     # H200 out of memory in tests/gpu/check.py).
     fused = bool(params) and all(p.is_cuda for p in params) or None
     optimiser = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay, fused=fused)
-    if carry is not None and carry.state is not None:
-        optimiser.load_state_dict(carry.state)
+    state = state if state is not None else OptimizerState()
+    if state.optimizer is not None:
+        optimiser.load_state_dict(state.optimizer)
+        for group in optimiser.param_groups:  # the moments carry on; the options are this update's
+            group["weight_decay"] = config.weight_decay
+    scheduler = lr_schedule(optimiser, config, state.step)
     train_model = model
     if accelerator is not None:
         train_model, optimiser = accelerator.prepare(model, optimiser)
@@ -96,28 +147,32 @@ def optimise(model, micro_batches: Sequence[Any], loss_of: Callable[[Any, Any], 
         if hasattr(model, "enable_input_require_grads"):
             model.enable_input_require_grads()  # LoRA: the frozen embeddings' output must carry gradients through
     model.train()
-    accumulate = config.gradient_accumulation_steps
-    total = passes * len(micro_batches)
+    accumulate, n = config.gradient_accumulation_steps, len(micro_batches)
+    total = passes * n
     sums: dict[str, float] = defaultdict(float)
-    steps, grad_norm = 0, 0.0
+    steps, grad_norm, lr = 0, 0.0, scheduler.get_last_lr()[0]
     for i in range(total):
-        loss, metrics = loss_of(micro_batches[i % len(micro_batches)], train_model)
+        k = i % n  # the micro-batch's place in its pass; steps never straddle two passes
+        in_step = min(accumulate, n - k // accumulate * accumulate)  # micro-batches of the step it belongs to
+        loss, metrics = loss_of(micro_batches[k], train_model)
         if accelerator is not None:
-            accelerator.backward(loss / accumulate)
+            accelerator.backward(loss / in_step)
         else:
-            (loss / accumulate).backward()
+            (loss / in_step).backward()
         sums["loss"] += loss.item()
         for name, value in metrics.items():
             sums[name] += value
-        if (i + 1) % accumulate == 0 or i + 1 == total:
+        if (k + 1) % accumulate == 0 or k + 1 == n:
             clip = accelerator.clip_grad_norm_ if accelerator is not None else torch.nn.utils.clip_grad_norm_
             grad_norm = float(clip(params, config.max_grad_norm))
+            lr = scheduler.get_last_lr()[0]
             optimiser.step()
+            scheduler.step()
             optimiser.zero_grad(set_to_none=True)
             steps += 1
         if progress:
             progress(i + 1, total)
     model.eval()
-    if carry is not None:
-        carry.state = optimiser.state_dict()
-    return {**{k: v / max(total, 1) for k, v in sums.items()}, "optimizer_steps": steps, "grad_norm": grad_norm}
+    state.optimizer, state.step = optimiser.state_dict(), state.step + steps
+    return {**{k: v / max(total, 1) for k, v in sums.items()}, "optimizer_steps": steps, "lineage_steps": state.step,
+            "learning_rate": lr, "grad_norm": grad_norm}

@@ -21,7 +21,7 @@ import torch
 
 from .batching import TokenBatch, completion_logps, pack
 from .distributed import rank_batches
-from .loop import OptimConfig, OptimizerCarry, Progress, optimise, with_lora
+from .loop import OptimConfig, OptimizerState, Progress, optimise, with_lora
 from .losses import rwr_loss, rwr_weights
 
 
@@ -84,9 +84,9 @@ class RWRTrainer:
             batches.append(MicroBatch(tokens, weights[indices], ref))
         return batches
 
-    def train(self, rows: pl.DataFrame, progress: Progress | None = None, carry: OptimizerCarry | None = None) -> dict:
-        """One update over `rows` (already selected by `select_rows`); returns its metrics. carry: the optimiser
-        state of the trainer's previous update, continued (trainers/loop.py)."""
+    def train(self, rows: pl.DataFrame, progress: Progress | None = None, state: OptimizerState | None = None) -> dict:
+        """One update over `rows` (already selected by `select_rows`); returns its metrics. state: where the
+        optimiser starts (the parent update's), left holding where it ended (trainers/loop.py)."""
         torch.manual_seed(self.config.seed)
         batches = self.micro_batches(rows)
 
@@ -99,7 +99,7 @@ class RWRTrainer:
                             on(mb.ref_logps))
 
         metrics = optimise(self.model, batches, loss_of, self.config, self.config.num_train_epochs, progress,
-                           self.accelerator, carry)
+                           self.accelerator, state)
         weights = torch.cat([mb.weights for mb in batches]) / rows.height
         return {**metrics, "rows": rows.height, "env_reward_mean": rows["env_reward"].mean(),
                 "effective_sample_size": float(1.0 / (weights ** 2).sum())}

@@ -25,10 +25,10 @@ from lake import POOLS, Lake, checkpoint_path, read_pool, weights_digest
 
 from . import distributed, grpo, rwr
 from .checkpoints import (
-    KINDS, CheckpointRecord, checkpoint_dir, config_hash, latest_version, load_checkpoint, manifest, publish_files,
-    save_checkpoint,
+    KINDS, CheckpointRecord, checkpoint_dir, config_hash, latest_version, load_checkpoint, load_optimizer_state, manifest,
+    publish_files, save_checkpoint,
 )
-from .loop import OptimizerCarry, Progress, merged
+from .loop import OptimizerState, Progress, merged
 from .models import CPU, LoadedModel, Precision, load_model
 
 POOL_OF = {"agent": "d_train", "env": "d_env"}
@@ -64,14 +64,13 @@ def warm_start_rows(kind: str, rows: pl.DataFrame) -> pl.DataFrame:
 
 def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None = None, pool_version: int | None = None,
                  parent_version: int | None = None, run_id: str | None = None, warm_start: bool = False,
-                 precision: Precision = Precision(), carry: OptimizerCarry | None = None,
-                 progress: Progress | None = None) -> CheckpointRecord:
+                 precision: Precision = Precision(), progress: Progress | None = None) -> CheckpointRecord:
     """One update (see the module's docstring). warm_start: supervised fine-tuning on the pool's seed rows
     (the version "seed"), with an RWRConfig whose rewards are all equal, instead of GRPO / RWR.
     run_id: train on that run's rows only (the engine's runs share a lake). precision: the device, and the dtype
     the update computes in and the checkpoint is saved in (recorded in the lineage, so a replay uses it too).
-    carry: a long-running trainer's optimiser state; the update continues it when it follows the checkpoint the
-    state led to (full fine-tuning only: LoRA adapters start afresh each update), else starts a fresh one."""
+    The optimiser continues the parent update's (optimizer.pt beside the parent: trainers/checkpoints.py); see
+    `starting_optimizer` for when it starts afresh."""
     if kind not in KINDS:
         raise TrainError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
     config = config or default_config(kind)
@@ -117,13 +116,9 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
         device = "cpu" if group.device.type == "cpu" else str(group.device)  # each rank on its own device
         precision = Precision(device, precision.dtype)
     loaded = load_checkpoint(lake, kind, parent, base_model, master_weights(precision, config))
-    continued = (carry is not None and carry.state is not None and carry.version == parent and not warm_start
-                 and not getattr(config, "use_peft", False) and not fsdp)
-    if carry is not None and not continued:
-        carry.state = None
+    state = starting_optimizer(lake, kind, parent, config, warm_start, fsdp)
     model, metrics, weights = fit(loaded, selected, dropped, config, base_model, warm_start, progress, precision, group,
-                                  carry)
-    metrics["optimizer"] = f"continued from v{parent}" if continued else "fresh"
+                                  state)
     version = max(parent, latest_version(lake, kind)) + 1
     if group is not None:
         from accelerate.utils import broadcast_object_list
@@ -139,10 +134,9 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
     )
     lineage = {**asdict(record), "config": asdict(config), "precision": asdict(precision)}
     lineage.pop("sha256")
-    if carry is not None:
-        carry.version = version
     if group is None or group.is_main_process:
-        record.sha256 = save_checkpoint(model, loaded.tokenizer, target, lineage, state_dict=weights)
+        saved = None if warm_start else state  # a warm start's optimiser is another objective's: never continued
+        record.sha256 = save_checkpoint(model, loaded.tokenizer, target, lineage, state_dict=weights, optimizer=saved)
         publish_files(lake, kind, version)
     if group is not None:
         group.wait_for_everyone()  # the other ranks read rank 0's file, never write one
@@ -162,6 +156,15 @@ def select_update_rows(kind: str, rows: pl.DataFrame, parent: int, config, warm_
     return rwr.select_rows(rows)
 
 
+def starting_optimizer(lake: Lake, kind: str, parent: int, config, warm_start: bool, fsdp: str = "") -> OptimizerState:
+    """Where an update's optimiser starts: the parent update's saved state, or a fresh AdamW at step 0 for a warm
+    start, after the base model or a warm start, with LoRA (each update trains new adapters) or FSDP (a sharded
+    state is not the whole model's)."""
+    if warm_start or getattr(config, "use_peft", False) or fsdp:
+        return OptimizerState()
+    return load_optimizer_state(lake, kind, parent) or OptimizerState()
+
+
 def master_weights(precision: Precision, config) -> Precision:
     """How a trainer holds the parent's weights: fp32 (so fp32 gradients and optimiser state) whatever it computes
     in; with LoRA the frozen base stays in the compute dtype and only the adapters (fp32, as peft makes them) train."""
@@ -171,12 +174,13 @@ def master_weights(precision: Precision, config) -> Precision:
 
 def fit(loaded: LoadedModel, selected: pl.DataFrame, dropped: Counter, config, base_model: str, warm_start: bool,
         progress: Progress | None = None, precision: Precision = CPU, group=None,
-        carry: OptimizerCarry | None = None) -> tuple[torch.nn.Module, dict, dict | None]:
+        state: OptimizerState | None = None) -> tuple[torch.nn.Module, dict, dict | None]:
     """Train the parent model (loaded with fp32 master weights) on the selected rows: (the trained model, LoRA
     merged, in the precision's dtype; its metrics; with several processes, its whole weights as gathered for rank 0
     to write, else None). Forward passes run under autocast when the dtype is not fp32 (mixed precision).
-    group: the Accelerator of a multi-process update (trainers/distributed.py). Deterministic
-    on CPU for the same parent, rows, config, seed, precision and number of processes: replay relies on it."""
+    group: the Accelerator of a multi-process update (trainers/distributed.py). state: where the optimiser starts,
+    left holding where it ended. Deterministic on CPU for the same parent, optimiser state, rows, config, seed,
+    precision and number of processes: replay relies on it."""
     precision = precision.resolved()
     dtype = precision.torch_dtype
     ref = None
@@ -193,7 +197,10 @@ def fit(loaded: LoadedModel, selected: pl.DataFrame, dropped: Counter, config, b
         trainer = grpo.GRPOTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group)
     else:
         trainer = rwr.RWRTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group)
-    metrics = trainer.train(selected, progress, carry)
+    state = state if state is not None else OptimizerState()
+    continued = state.optimizer is not None
+    metrics = trainer.train(selected, progress, state)
+    metrics["optimizer"] = f"continued at step {metrics['lineage_steps'] - metrics['optimizer_steps']}" if continued else "fresh"
     tail = distributed.left_out(selected.height, config.per_device_train_batch_size, group.num_processes) if group else 0
     if tail:
         dropped["uneven_tail"] += tail

@@ -48,7 +48,13 @@ class RunConfig:
     env_max_new_tokens: int = 64  # a request that states every value of three calls
     generation_batch_size: int = 32
     max_generation_attempts: int = 4  # rounds of simulator generation to reach tasks_per_epoch valid tasks
-    validation_size: int = 200  # held-out tasks scored greedily (in batches) before training and after each update
+    # Dynamic sampling (DAPO; verl's filter_groups): up to this many rounds of new tasks an epoch in place of groups
+    # whose rollouts all agree (no GRPO advantage), until tasks_per_epoch groups are mixed. 0: none.
+    refill_rounds: int = 2
+    validation_size: int = 200  # held-out tasks scored greedily (in batches) before training and after the last epoch
+    # After the other epochs' updates, only the first validation_subset of them (stratified by level like the whole
+    # set: 5 per toolcall level for 40), with its interval in the report; 0 (or >= validation_size): the whole set.
+    validation_subset: int = 40
     # After the last epoch: the agent on the first N items of BFCL's simple_python and of its multiple category
     # (bfcl-eval's data and checker, as `genenv eval` scores them), recorded in the lake's eval tables. 0: none.
     final_bfcl_items: int = 0
@@ -92,6 +98,10 @@ class RunConfig:
             raise ValueError(f"group_size must be >= 2 (GRPO compares rollouts within a group), got {self.group_size}")
         if self.seeds_path:
             get_domain(self.domain, self.seeds_path).seed_file  # read now: raises naming what is missing
+        if self.refill_rounds < 0:
+            raise ValueError(f"refill_rounds must be >= 0, got {self.refill_rounds}")
+        if self.validation_subset < 0:
+            raise ValueError(f"validation_subset must be >= 0 (0: the whole set every epoch), got {self.validation_subset}")
         if self.final_bfcl_items < 0:
             raise ValueError(f"final_bfcl_items must be >= 0, got {self.final_bfcl_items}")
         if self.temperature <= 0:
@@ -153,6 +163,7 @@ PROFILES: dict[str, dict] = {
     # model needs ~150 passes over 16 seeds before it writes parseable tasks.
     "quick": {"domain": "arith", "agent_model": "tiny", "env_model": "tiny", "epochs": 2, "tasks_per_epoch": 4, "batch_size": 2,
               "group_size": 4, "agent_max_new_tokens": 8, "env_max_new_tokens": 24, "validation_size": 6,
+              "validation_subset": 3,
               "warm_start_tasks": 16, "warm_start_epochs": 150, "warm_start_learning_rate": 5e-3,
               "agent.learning_rate": 1e-3, "env.learning_rate": 1e-3},
     # smollm2-135m on CPU: the embedded default
@@ -163,7 +174,7 @@ PROFILES: dict[str, dict] = {
     # 8 x 80 GB FSDP variant with full fine-tuning.
     "paper": {"agent_model": "Qwen/Qwen2.5-7B-Instruct", "env_model": "Qwen/Qwen2.5-7B-Instruct", "epochs": 10,
               "tasks_per_epoch": 64, "batch_size": 64, "group_size": 8, "agent_max_new_tokens": 512,
-              "env_max_new_tokens": 512, "validation_size": 200, "warm_start": False, "backend": "vllm",
+              "env_max_new_tokens": 512, "validation_size": 200, "validation_subset": 0, "warm_start": False, "backend": "vllm",
               "gpu_memory_utilization": 0.15, "temperature": 1.0, "curriculum.granularity": "batch", "curriculum.k": 0.1,
               "generation_batch_size": 256, "agent.learning_rate": 1e-5, "env.learning_rate": 1e-5,
               "agent.per_device_train_batch_size": 8, "agent.gradient_accumulation_steps": 8,

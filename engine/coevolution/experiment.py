@@ -23,11 +23,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from scipy.stats import bootstrap  # noqa: E402
 
 from lake import Lake  # noqa: E402
 
 from .config import MODES, RunConfig  # noqa: E402
+from .stats import finite as _finite, interval  # noqa: E402
 from .sync import CoEvolution, EpochMetrics  # noqa: E402
 from .writer import LakeWriter  # noqa: E402
 
@@ -75,10 +75,6 @@ def run_ablation(base: RunConfig, seeds: int, lake: Lake, servers: str, out: Pat
     return table
 
 
-def _finite(values) -> list[float]:
-    return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-
-
 def _slope(values: list[float]) -> float:
     """Least-squares change per epoch (NaN epochs left out; NaN with fewer than two)."""
     points = [(i, v) for i, v in enumerate(values) if isinstance(v, (int, float)) and math.isfinite(v)]
@@ -103,19 +99,6 @@ MEASURES: dict[str, Callable[[dict], float]] = {
     "final_bfcl": lambda r: r.get("bfcl") if isinstance(r.get("bfcl"), (int, float)) else math.nan,  # final_bfcl_items
 }
 BASELINE = "genenv-random"  # what the paired differences are taken against
-
-
-def interval(values: list[float], resamples: int = 2000) -> dict:
-    """Mean and 95% percentile-bootstrap interval over seeds (scipy.stats.bootstrap); NaN values left out."""
-    finite = _finite(values)
-    if not finite:
-        return {"n": 0, "mean": None, "low": None, "high": None}
-    mean = statistics.fmean(finite)
-    if len(finite) < 2 or max(finite) == min(finite):
-        return {"n": len(finite), "mean": mean, "low": mean, "high": mean}
-    ci = bootstrap((np.array(finite),), np.mean, confidence_level=0.95, n_resamples=resamples, method="percentile",
-                   rng=np.random.default_rng(0)).confidence_interval
-    return {"n": len(finite), "mean": mean, "low": float(ci.low), "high": float(ci.high)}
 
 
 def summarise(results: dict[str, list[dict]]) -> dict:

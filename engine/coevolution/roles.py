@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from lake import Lake
 from streams import BatchScored, CheckpointPublished, RewardScored, RolloutCompleted, TaskGenerated
 from trainers import (
-    CheckpointRecord, OptimizerCarry, Precision, SamplingConfig, TransformersBackend, VLLMBackend, load_checkpoint, load_published, registry,
+    CheckpointRecord, Precision, SamplingConfig, TransformersBackend, VLLMBackend, load_checkpoint, load_published, registry,
     render_prompt, sample_seed, train_update,
 )
 from trainers.update import SEED_VERSION
@@ -94,6 +94,7 @@ class Validation:
 
     accuracy: float
     by_level: dict[str, float] = field(default_factory=dict)
+    successes: tuple[bool, ...] = ()  # item by item, in the set's order: what a paired gain compares
 
 
 def _quiet(done: int, total: int) -> None:
@@ -201,9 +202,12 @@ class Simulator(ModelRole):
         tasks = self.write(epoch, n, history, progress_for)
         return tasks, [t for t in tasks if isinstance(t.parsed, Task)]
 
-    def write(self, epoch: int, n_valid: int, history: list[tuple[dict, bool]], progress_for=None) -> list[GeneratedTask]:
+    def write(self, epoch: int, n_valid: int, history: list[tuple[dict, bool]], progress_for=None, first: int = 0,
+              first_valid: int = 0, round_: int = 0) -> list[GeneratedTask]:
         """Simulator generations until n_valid parse (or the attempts run out); valid ones batched in order.
-        progress_for(description) -> a Phase context giving a Tick (one bar per attempt)."""
+        progress_for(description) -> a Phase context giving a Tick (one bar per attempt). first, first_valid: the
+        epoch's tasks and valid tasks so far (task ids and batches go on from them); round_: the epoch's round of
+        generation (0, then the refills of DAPO's dynamic sampling), which the sampling seeds depend on."""
         cfg = self.config
         summary = performance_summary(history, self.domain.difficulty_feature)
         tasks: list[GeneratedTask] = []
@@ -215,7 +219,8 @@ class Simulator(ModelRole):
             requests = [self.domain.simulator_request(self.rng, summary) for _ in range(wanted)]
             prompts = [self.prompt(r.prompt) for r in requests]
             description = f"epoch {epoch}: simulator writes {wanted} tasks (attempt {attempt + 1})"
-            seeds = [sample_seed(cfg.seed, self.run_id, "simulator", epoch, attempt, i) for i in range(wanted)]
+            key = (epoch, attempt) if round_ == 0 else (epoch, "refill", round_, attempt)
+            seeds = [sample_seed(cfg.seed, self.run_id, "simulator", *key, i) for i in range(wanted)]
             if progress_for is None:
                 generations = self.generate(prompts, cfg.env_max_new_tokens, seeds)
             else:
@@ -223,11 +228,24 @@ class Simulator(ModelRole):
                     generations = self.generate(prompts, cfg.env_max_new_tokens, seeds, progress=tick)
             for request, generation in zip(requests, generations):
                 parsed = self.domain.parse(generation.text, request.context)
-                batch_id = self.batch_id(epoch, valid) if isinstance(parsed, Task) else f"{self.run_id}-e{epoch}-invalid"
+                batch_id = (self.batch_id(epoch, first_valid + valid) if isinstance(parsed, Task)
+                            else f"{self.run_id}-e{epoch}-invalid")
                 valid += isinstance(parsed, Task)
-                tasks.append(GeneratedTask(f"{self.run_id}-e{epoch}-t{len(tasks)}", batch_id, generation.prompt,
+                tasks.append(GeneratedTask(f"{self.run_id}-e{epoch}-t{first + len(tasks)}", batch_id, generation.prompt,
                                            generation.text, parsed, str(self.version), epoch, request.offered))
         return tasks
+
+    def refill(self, epoch: int, n: int, round_: int, first: int, first_valid: int, history: list[tuple[dict, bool]],
+               progress_for=None) -> tuple[list[GeneratedTask], list[GeneratedTask]]:
+        """n more tasks for this epoch, in place of groups whose rollouts all agreed (dynamic sampling): as
+        `tasks_for`, from the same source (seeds for seeds-only; the simulator as it is now otherwise, which for
+        genenv-static is the untrained simulator that wrote its tasks)."""
+        if self.config.mode == "seeds-only":
+            tasks = [GeneratedTask(f"{self.run_id}-e{epoch}-t{first + i}", self.batch_id(epoch, first_valid + i), "", text,
+                                   task, SEED_VERSION, epoch) for i, (_, text, task) in enumerate(self.domain.seeds(self.rng, n))]
+            return tasks, tasks
+        tasks = self.write(epoch, n, history, progress_for, first, first_valid, round_)
+        return tasks, [t for t in tasks if isinstance(t.parsed, Task)]
 
     def prompt(self, request: str, tokenizer=None) -> str:
         """A simulator request in the chat template of the simulator's tokenizer (or the one given)."""
@@ -269,7 +287,8 @@ class Rollouts(ModelRole):
             run_id=self.run_id, epoch=epoch, rollout_id=f"{tasks[i // g].task_id}-r{i % g}", task_id=tasks[i // g].task_id,
             group_index=i % g, agent_model_version=str(self.version), prompt=generation.prompt,
             completion=generation.text, completion_token_ids=generation.token_ids,
-            behaviour_logprobs=generation.logprobs, producer=producer) for i, generation in enumerate(generations)]
+            behaviour_logprobs=generation.logprobs, temperature=self.config.temperature, producer=producer)
+            for i, generation in enumerate(generations)]
 
     def validate(self, tasks: list[Task], progress: Tick = _quiet) -> Validation:
         """Success of greedy answers to `tasks` (the domain's held-out set, generated in batches), overall and
@@ -284,7 +303,8 @@ class Rollouts(ModelRole):
             if isinstance(level, (int, float)):
                 by_level.setdefault(level_name(level), []).append(success)
         return Validation(round(sum(successes) / max(len(tasks), 1), 4),
-                          {level: round(sum(s) / len(s), 4) for level, s in sorted(by_level.items(), key=lambda x: float(x[0]))})
+                          {level: round(sum(s) / len(s), 4) for level, s in sorted(by_level.items(), key=lambda x: float(x[0]))},
+                          tuple(successes))
 
 
 class Scorer:
@@ -333,14 +353,13 @@ def checkpoint_event(record: CheckpointRecord, run_id: str, epoch: int) -> Check
 class Updater:
     """A pool version -> a checkpoint: GRPO on gold/d_train for the agent, RWR on gold/d_env for the simulator.
     Reads the pool at one Delta version, writes the checkpoint folder; registering it is the lake's job.
+    Consecutive updates continue one AdamW and its schedule through the state saved beside each checkpoint
+    (trainers/checkpoints.py), so the sync loop, the async trainers, a resume and a replay all continue the same
+    optimiser."""
 
-    keep_optimizer: consecutive updates continue one AdamW (a long-running trainer: the async mode's workers).
-    The sync loop starts each update fresh, so every one of its checkpoints can be replayed from its parent."""
-
-    def __init__(self, kind: str, config: RunConfig, run_id: str, keep_optimizer: bool = False):
+    def __init__(self, kind: str, config: RunConfig, run_id: str):
         self.kind, self.config, self.run_id = kind, config, run_id
         self.options = config.agent if kind == "agent" else config.env
-        self.carry = OptimizerCarry() if keep_optimizer else None
 
     def update(self, lake: Lake, parent_version: int, *, pool_version: int | None = None, options=None,
                warm_start: bool = False, progress: Tick | None = None) -> CheckpointRecord:
@@ -349,7 +368,7 @@ class Updater:
         base = self.config.agent_model if self.kind == "agent" else self.config.env_model
         return train_update(self.kind, lake, options or self.options, base_model=base, pool_version=pool_version,
                             parent_version=parent_version, run_id=self.run_id, warm_start=warm_start,
-                            precision=self.config.precision, carry=self.carry, progress=progress)
+                            precision=self.config.precision, progress=progress)
 
     def event(self, record: CheckpointRecord, epoch: int) -> CheckpointPublished:
         return checkpoint_event(record, self.run_id, epoch)

@@ -9,7 +9,8 @@
       4. publish everything, ingest until the lake holds it
       5. train:     Updater("agent"): GRPO on gold/d_train@v; Updater("env"): RWR on gold/d_env@v (mode genenv only)
       6. publish the checkpoints, ingest them into registry/checkpoints
-      7. validate:  the agent, greedy, on the domain's held-out set
+      7. validate:  the agent, greedy, on a fixed subset of the domain's held-out set (the whole set before
+                    training and after the last epoch: the run's gain is after minus before on the same items)
 
 Modes (equal agent-rollout budget: tasks_per_epoch x group_size per epoch in every mode):
     genenv          the simulator writes each epoch's tasks and is trained with RWR
@@ -24,10 +25,12 @@ the version the ingest just produced, and the models are reloaded from their che
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import random
+import resource
 import statistics
 import time
 import uuid
@@ -44,6 +47,7 @@ from ..domains import Task, get_domain
 from .config import RunConfig, record_run_config
 from .progress import Phase, Say, no_phase
 from .roles import GeneratedTask, Rollouts, Scorer, Simulator, Updater, Validation, generated_task, run_version
+from .stats import interval, paired_gain
 from .writer import LakeWriter
 
 
@@ -60,7 +64,10 @@ class EpochMetrics:
     difficulty: dict[str, float]
     response_tokens: float
     validation_accuracy: float
+    validation_items: int = 0  # how many held-out items validation_accuracy is over (the subset, or the whole set)
+    agent_optimizer_steps: int = 0  # the run's agent optimiser steps up to the end of this epoch
     seconds: dict[str, float] = field(default_factory=dict)
+    peak_rss_gb: dict[str, float] = field(default_factory=dict)  # the process's peak RSS so far, at each phase's end
     updates: dict[str, str] = field(default_factory=dict)  # what each trainer did (or why it skipped)
     # Whether the curriculum bites, from the lake's rows (engine/lineage/measures.py fills them after the epoch lands).
     selection_bias: float = float("nan")  # chosen level - mean offered level, over valid tasks
@@ -69,6 +76,13 @@ class EpochMetrics:
     informative_groups_per_100: float = float("nan")  # groups with 0 < p_hat < 1 per 100 rollouts
     success_by_level: dict[str, float] = field(default_factory=dict)
     validation_by_level: dict[str, float] = field(default_factory=dict)  # held-out greedy success per level
+    refilled_tasks: int = 0  # valid tasks written in place of groups whose rollouts all agreed (dynamic sampling)
+    validation_successes: tuple[bool, ...] = ()  # item by item (the sync loop knows them; the lake keeps the rates)
+
+
+def peak_rss_gb() -> float:
+    """The process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
 
 
 def new_run_id(config: RunConfig) -> str:
@@ -96,6 +110,9 @@ class CoEvolution:
         self.initial_validation = Validation(float("nan"))
         self.warm_started = start_from  # (agent, env) versions after the warm start
         self.validated = Validation(float("nan"))  # the newest agent checkpoint's validation
+        self.final_validation = Validation(float("nan"))  # the whole set after the last epoch
+        self.agent_steps = 0  # agent optimiser steps of this run's updates (the warm start's not counted)
+        self.phases: dict[str, dict[str, float]] = {}  # the run's steps outside the epochs: seconds and peak RSS
         self.landed: dict[int, list[GeneratedTask]] = {}  # a resumed run's epochs whose tasks the lake holds
         self.final_benchmark: dict = {}  # the end-of-run BFCL subset's metrics (config.final_bfcl_items)
 
@@ -110,17 +127,62 @@ class CoEvolution:
         self.load(*self.start_from)
 
     def run(self) -> list[EpochMetrics]:
-        self.prepare()
+        with self.timed("prepare"):
+            self.prepare()
         if self.config.warm_start:
-            self.warm_start()
+            with self.timed("warm_start"):
+                self.warm_start()
         if math.isnan(self.initial_accuracy):  # the ablation gives the later modes of a seed their shared start's
-            self.initial_validation = self.validate()
+            with self.timed("validation_before"):
+                self.initial_validation = self.validate()
         self.say(f"validation accuracy before training: {self.initial_accuracy:.3f}")
         for epoch in range(self.config.epochs):
             self.metrics.append(self.epoch(epoch))
-        if self.config.final_bfcl_items:
-            self.final_benchmark = self.benchmark()
+        self.finish()
         return self.metrics
+
+    def finish(self) -> None:
+        """After the last epoch: the whole validation set (unless the last update was validated on it), and the
+        BFCL subset when asked for."""
+        with self.timed("validation_after"):
+            whole = len(self.validated.successes) == len(self.validation)
+            self.final_validation = self.validated if whole else self.validate()
+        self.say(f"validation accuracy after training: {self.final_validation.accuracy:.3f} "
+                 f"(before: {self.initial_accuracy:.3f}, {len(self.validation)} items)")
+        if self.config.final_bfcl_items:
+            with self.timed("final_benchmark"):
+                self.final_benchmark = self.benchmark()
+
+    @contextlib.contextmanager
+    def timed(self, name: str):
+        start = time.perf_counter()
+        yield
+        self.phases[name] = {"seconds": round(time.perf_counter() - start, 2), "peak_rss_gb": peak_rss_gb()}
+
+    def learning(self) -> dict:
+        """What the run taught, for metrics.json: the agent's optimiser steps, the whole held-out set before and
+        after (same items) with the paired 95% interval of the gain, the curve of validation against steps (each
+        point with its items' interval), and the time and peak RSS of each step of the run."""
+        before, after = self.initial_validation, self.final_validation
+        paired = paired_gain(list(before.successes), list(after.successes)) if before.successes and after.successes else {}
+        curve = [{"agent_optimizer_steps": 0, "items": len(before.successes), "accuracy": before.accuracy,
+                  **_bounds(before.successes)}]
+        curve += [{"agent_optimizer_steps": m.agent_optimizer_steps, "items": m.validation_items,
+                   "accuracy": m.validation_accuracy, "epoch": m.epoch, **_bounds(m.validation_successes)}
+                  for m in self.metrics if m.validation_successes]
+        if after.successes and after is not self.validated:  # measured after the last epoch's own validation
+            curve.append({"agent_optimizer_steps": self.agent_steps, "items": len(after.successes),
+                          "accuracy": after.accuracy, **_bounds(after.successes)})
+        return {
+            "agent_optimizer_steps": self.agent_steps,
+            "validation_before": before.accuracy, "validation_after": after.accuracy,
+            "validation_gain": paired.get("mean"), "validation_gain_interval": [paired.get("low"), paired.get("high")],
+            "validation_items": len(after.successes), "learning_curve": curve,
+            "phases": {**self.phases, **{f"epoch_{m.epoch}": {"seconds": round(sum(m.seconds.values()), 2),
+                                                              "peak_rss_gb": max(m.peak_rss_gb.values(), default=0.0)}
+                                         for m in self.metrics}},
+            "peak_rss_gb": peak_rss_gb(),
+        }
 
     def resume(self) -> list[EpochMetrics]:
         """Continue this run (its run id) from what its lake holds, after the process or its broker died.
@@ -153,15 +215,19 @@ class CoEvolution:
         self.landed = {epoch: list(by_id.values()) for epoch, by_id in tasks.items() if epoch > last}
         for epoch in range(last + 1, cfg.epochs):
             self.metrics.append(self.epoch(epoch))
+        self.finish()
         return self.metrics
 
     @property
     def initial_accuracy(self) -> float:
         return self.initial_validation.accuracy
 
-    def validate(self) -> Validation:
-        with self.phase("validation") as tick:
-            return self.rollouts.validate(self.validation, progress=tick)
+    def validate(self, whole: bool = True) -> Validation:
+        """The agent as it is now on the held-out set, or on its fixed subset (config.validation_subset)."""
+        n = self.config.validation_subset
+        tasks = self.validation if whole or not n else self.validation[:n]
+        with self.phase(f"validation ({len(tasks)} items)") as tick:
+            return self.rollouts.validate(tasks, progress=tick)
 
     def benchmark(self) -> dict:
         """The agent as it is now on the first final_bfcl_items items of each of BFCL's FINAL_CATEGORIES, greedy
@@ -230,23 +296,38 @@ class CoEvolution:
         seconds: dict[str, float] = {}
         clock = time.perf_counter()
 
-        def lap(phase: str) -> None:  # the time since the last lap, added to `phase`
+        rss: dict[str, float] = {}
+
+        def lap(phase: str) -> None:  # the time since the last lap, added to `phase`; the peak RSS so far
             nonlocal clock
             now = time.perf_counter()
             seconds[phase] = round(seconds.get(phase, 0.0) + now - clock, 2)
+            rss[phase] = peak_rss_gb()
             clock = now
 
         if epoch in self.landed:  # a resumed run's epoch whose tasks are in the lake already
             published, valid = [], self.landed[epoch]
         else:
             published, valid = self.simulator.tasks_for(epoch, self.history, progress_for=self.phase)
-        events = [self.simulator.event(t) for t in published]
         lap("tasks")
-        with self.phase(f"epoch {epoch}: rollouts") as tick:
-            rollouts = self.rollouts.roll_out(valid, epoch, progress=tick)
+        rollouts, rewards = self.attempt(valid, epoch, "")
         lap("rollouts")
+        # Dynamic sampling (DAPO; verl's filter_groups): a group whose rollouts all agree has no GRPO advantage, so
+        # up to refill_rounds rounds of new tasks take the place of those groups before the update.
+        refills = 0
+        for round_ in range(1, cfg.refill_rounds + 1):
+            short = cfg.tasks_per_epoch - informative_groups(rewards)
+            if short <= 0 or epoch in self.landed:
+                break
+            more, more_valid = self.simulator.refill(epoch, short, round_, len(published), len(valid), self.history,
+                                                     progress_for=self.phase)
+            lap("tasks")
+            published, valid = published + more, valid + more_valid
+            extra = self.attempt(more_valid, epoch, f" (refill {round_})")
+            rollouts, rewards, refills = rollouts + extra[0], rewards + extra[1], refills + len(more_valid)
+            lap("rollouts")
+        events = [self.simulator.event(t) for t in published]
         by_id = {t.task_id: t for t in valid}
-        rewards = [self.scorer.reward(by_id[r.task_id], r) for r in rollouts]
         successes: dict[str, list[bool]] = {}
         for reward in rewards:
             successes.setdefault(reward.task_id, []).append(reward.success)
@@ -266,7 +347,7 @@ class CoEvolution:
         self.load(agent_version or self.rollouts.version, env_version or self.simulator.version)
         # The agent checkpoint's metrics carry its validation accuracy (so the lake alone tells it); an epoch
         # without an agent update validates the unchanged agent.
-        validation = self.validated if agent_version else self.validate()
+        validation = self.validated if agent_version else self.validate(whole=epoch == cfg.epochs - 1)
         lap("validate")
         self.history = [(by_id[r.task_id].parsed.difficulty, r.success) for r in rewards]
 
@@ -280,13 +361,21 @@ class CoEvolution:
             in_band_share=round(statistics.fmean(not s.filtered for s in scores), 3) if scores else 0.0,
             difficulty=difficulty,
             response_tokens=round(statistics.fmean(len(r.completion_token_ids) for r in rollouts), 2) if rollouts else 0.0,
-            validation_accuracy=round(validation.accuracy, 3), validation_by_level=validation.by_level, seconds=seconds,
-            updates=updates,
+            validation_accuracy=round(validation.accuracy, 3), validation_by_level=validation.by_level,
+            validation_items=len(validation.successes), agent_optimizer_steps=self.agent_steps, seconds=seconds,
+            peak_rss_gb=rss, updates=updates, validation_successes=validation.successes, refilled_tasks=refills,
         )
         self.say(f"epoch {epoch}: valid {metrics.valid_share:.0%}, agent success {metrics.agent_success:.2f}, "
                  f"in band {metrics.in_band_share:.0%}, validation {metrics.validation_accuracy:.3f}, "
                  f"agent v{self.rollouts.version}, env v{self.simulator.version}")
         return metrics
+
+    def attempt(self, tasks: list[GeneratedTask], epoch: int, what: str) -> tuple[list[RolloutCompleted], list[RewardScored]]:
+        """The agent's group_size rollouts of each task, and their rewards."""
+        with self.phase(f"epoch {epoch}: rollouts{what}") as tick:
+            rollouts = self.rollouts.roll_out(tasks, epoch, progress=tick)
+        by_id = {t.task_id: t for t in tasks}
+        return rollouts, [self.scorer.reward(by_id[r.task_id], r) for r in rollouts]
 
     def train(self, kind: str, *, epoch: int, options=None, warm_start: bool = False, note: dict | None = None,
               lap=lambda phase: None) -> int | None:
@@ -303,16 +392,32 @@ class CoEvolution:
             return None
         lap(f"train_{kind}")
         if kind == "agent" and not warm_start:
+            self.agent_steps += record.metrics.get("optimizer_steps", 0)
             self.rollouts.load(self.lake, record.version, record.sha256)
-            self.validated = self.validate()
+            self.validated = self.validate(whole=epoch == self.config.epochs - 1)
             lap("validate")
             record.metrics["validation_accuracy"] = self.validated.accuracy
             record.metrics["validation_by_level"] = self.validated.by_level
+            record.metrics["validation_items"] = len(self.validated.successes)
         self.writer.publish([self.updaters[kind].event(record, epoch)])
         self.writer.land()
         if note is not None:
             note[kind] = f"v{record.version} on {record.metrics['rows']} rows"
         return record.version
+
+
+def informative_groups(rewards: list[RewardScored]) -> int:
+    """Tasks whose rollouts' rewards differ: the groups with a non-zero GRPO advantage."""
+    by_task: dict[str, set[float]] = {}
+    for r in rewards:
+        by_task.setdefault(r.task_id, set()).add(r.reward)
+    return sum(len(values) > 1 for values in by_task.values())
+
+
+def _bounds(successes) -> dict:
+    """The 95% bootstrap interval of a validation's accuracy over its items."""
+    ci = interval([float(s) for s in successes])
+    return {"low": ci["low"], "high": ci["high"]}
 
 
 def landed_epochs(lake: Lake, run_id: str) -> tuple[dict[int, dict[str, GeneratedTask]], set[int]]:

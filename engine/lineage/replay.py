@@ -30,7 +30,9 @@ from safetensors.torch import load_file
 from lake import CHECKPOINTS, POOLS, CommitRecord, Lake, read_table, rebuild_to, record_at, silver, weight_files
 from trainers import Precision, load_checkpoint, manifest
 from trainers.checkpoints import checkpoint_dir, fetch_checkpoint, save_checkpoint
-from trainers.update import POOL_OF, ROW_KEY, config_from_manifest, fit, master_weights, new_rows, select_update_rows
+from trainers.update import (
+    POOL_OF, ROW_KEY, config_from_manifest, fit, master_weights, new_rows, select_update_rows, starting_optimizer,
+)
 
 from ..coevolution import CurriculumConfig, Phase, Say, no_phase, recorded_run_config, score_groups
 from ..domains import Domain, get_domain, task_from_row
@@ -172,12 +174,8 @@ def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[i
     out = ReplayedCheckpoint(kind, c["version"], plan.parent, warm_start, c["pool_version"], version_then, rows.height, c["sha256"])
     recorded_rows = new_rows(lake, pool_name, c["pool_version"], plan.seen).filter(of_run)
     out.first_difference = first_row_difference(recorded_rows, rows, ROW_KEY[pool_name])
-    optimizer = lineage.get("metrics", {}).get("optimizer", "fresh")
     processes = lineage.get("metrics", {}).get("processes", 1)
-    if out.first_difference is None and optimizer != "fresh":
-        out.first_difference = (f"its optimiser {optimizer} in a long-running trainer's process; that state is not "
-                                "saved, so the update cannot be retrained bit for bit from its parent")
-    elif out.first_difference is None and processes > 1:
+    if out.first_difference is None and processes > 1:
         out.first_difference = (f"it was trained in {processes} processes (gradients reduced across ranks); a replay "
                                 "retrains in one, which agrees to float precision, not bit for bit")
     if out.first_difference is None:
@@ -185,8 +183,10 @@ def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[i
         # The precision the update ran in (checkpoints from before it was recorded ran in fp32 on the CPU).
         precision = Precision(**lineage.get("precision", {"device": "cpu", "dtype": "fp32"}))
         loaded = load_checkpoint(lake, kind, plan.parent, lineage["base_model"], master_weights(precision, config))
+        state = starting_optimizer(lake, kind, plan.parent, config, warm_start)  # the parent's, as the update had it
         with phase(f"retraining {kind} v{c['version']} on {selected.height} rows") as tick:
-            model, _, _ = fit(loaded, selected, dropped, config, lineage["base_model"], warm_start, tick, precision)
+            model, _, _ = fit(loaded, selected, dropped, config, lineage["base_model"], warm_start, tick, precision,
+                              state=state)
         folder = checkpoint_dir(rebuilt, kind, c["version"])
         out.replayed_sha256 = save_checkpoint(model, loaded.tokenizer, folder, {**lineage, "path": str(folder)})
         if out.replayed_sha256 != c["sha256"]:

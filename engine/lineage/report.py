@@ -129,6 +129,37 @@ def draw(name: str, metrics: list[EpochMetrics], curriculum, out, initial_by_lev
         raise ValueError(f"no plot {name!r}; plots: {', '.join(PLOTS)}")
 
 
+def plot_learning(learning: dict, path) -> None:
+    """Held-out validation against the agent's optimiser steps, each point with its items' 95% interval (the whole
+    set before training and after the last epoch; the fixed subset between)."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for whole in (False, True):
+        points = [p for p in learning.get("learning_curve", [])
+                  if (p["items"] == learning.get("validation_items")) == whole and p["low"] is not None]
+        if points:
+            x, y = [p["agent_optimizer_steps"] for p in points], [p["accuracy"] for p in points]
+            err = [[v - p["low"] for v, p in zip(y, points)], [p["high"] - v for v, p in zip(y, points)]]
+            ax.errorbar(x, y, yerr=err, fmt="s" if whole else "o-", capsize=3,
+                        label=f"{'whole set' if whole else 'subset'} ({points[0]['items']} items)")
+    ax.set(xlabel="agent optimiser steps", ylabel="validation success", ylim=(-0.05, 1.05),
+           title="Learning curve (bars: 95% bootstrap interval)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def learning_text(learning: dict | None) -> str:
+    if not learning or learning.get("validation_gain") is None:
+        return ""
+    low, high = learning["validation_gain_interval"]
+    return (f"Validation on the whole held-out set ({learning['validation_items']} items): "
+            f"{learning['validation_before']:.3f} before training, {learning['validation_after']:.3f} after, gain "
+            f"{learning['validation_gain']:+.3f} (paired 95% interval [{low:+.3f}, {high:+.3f}]) over "
+            f"{learning['agent_optimizer_steps']} agent optimiser steps. Peak RSS {learning['peak_rss_gb']:.1f} GB.\n\n"
+            "![learning](learning.png)\n\n")
+
+
 def benchmark_text(final: dict | None) -> str:
     if not final:
         return ""
@@ -143,15 +174,19 @@ def histogram_text(histogram: dict[str, int]) -> str:
 
 def write_report(folder: Path, run_id: str, config: RunConfig, metrics: list[EpochMetrics], initial_accuracy: float,
                  lake_root: str, initial_by_level: dict[str, float] | None = None,
-                 final_benchmark: dict | None = None) -> Path:
+                 final_benchmark: dict | None = None, learning: dict | None = None) -> Path:
+    """learning: what the run taught (CoEvolution.learning: optimiser steps, the paired gain, the learning curve,
+    each phase's time and peak RSS), at the top level of metrics.json and drawn in learning.png."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "metrics.json").write_text(json.dumps(nan_to_none({
-        "run_id": run_id, "initial_validation_accuracy": initial_accuracy,
+        "run_id": run_id, "initial_validation_accuracy": initial_accuracy, **(learning or {}),
         "initial_validation_by_level": initial_by_level or {}, "final_benchmark": final_benchmark or {},
         "epochs": [m.__dict__ for m in metrics]}), indent=2, allow_nan=False))
     (folder / "config.toml").write_text(to_toml(config))
     for name in PLOTS:
         draw(name, metrics, config.curriculum, folder / f"{name}.png", initial_by_level)
+    if learning and learning.get("learning_curve"):
+        plot_learning(learning, folder / "learning.png")
     curves = validation_curves(metrics, initial_by_level)
     validation_levels = sorted({level for _, by_level in curves for level in by_level}, key=float)
     validation_rows = "\n".join(
@@ -189,14 +224,15 @@ Success per level (rows: epochs; columns: levels):
 |---|{"---|" * len(levels)}
 {calibration}
 
-Held-out validation success per level ({config.validation_size} items, greedy; rows: before training and after
-each epoch; columns: levels):
+Held-out validation success per level (greedy; rows: before training, on all {config.validation_size} items, and
+after each epoch, on the fixed subset of {config.validation_subset or config.validation_size} except after the last;
+columns: levels):
 
 | when | {" | ".join(validation_levels)} |
 |---|{"---|" * len(validation_levels)}
 {validation_rows}
 
-{benchmark_text(final_benchmark)}Levels chosen and offered (level: count):
+{learning_text(learning)}{benchmark_text(final_benchmark)}Levels chosen and offered (level: count):
 
 | epoch | chosen | offered |
 |---|---|---|

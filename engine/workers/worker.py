@@ -357,7 +357,7 @@ class TrainerWorker(Worker):
         cfg, kind = self.config, self.kind
         if kind == "env" and cfg.mode != "genenv":
             return  # only genenv trains its simulator
-        updater = Updater(kind, cfg, self.run_id, keep_optimizer=True)  # one AdamW for the worker's life
+        updater = Updater(kind, cfg, self.run_id)
         parent = run_version(self.lake, kind, self.run_id)
         validator = None
         if kind == "agent":
