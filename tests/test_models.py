@@ -54,6 +54,32 @@ def test_same_seed_same_samples(tiny):
     assert [g.token_ids for g in first] == [g.token_ids for g in second]
 
 
+def test_a_random_model_constrained_by_the_request_grammar_writes_requests_that_parse(tiny):
+    """xgrammar's mask (trainers/generation.py) keeps a random model to toolcall's request grammar: every output
+    carries one candidate's values, so the domain's parser reads each as a valid task; a free row beside them
+    stays free, and the recorded logprobs are still the model's own, unmasked."""
+    import random
+
+    from engine.domains import Task, get_domain
+
+    domain = get_domain("toolcall")
+    rng = random.Random(4)
+    requests = [domain.simulator_request(rng, "none yet") for _ in range(6)]
+    backend = TransformersBackend(tiny.model, tiny.tokenizer, batch_size=7)
+    # Short prompts: the tiny model's byte tokens make the real request prompt most of its 512 positions.
+    prompts = [render_prompt(tiny.tokenizer, f"request {i}") for i in range(len(requests) + 1)]
+    sampling = SamplingConfig(max_new_tokens=240, temperature=1.0, seed=2)
+    generations = backend.generate(prompts, sampling, grammars=[r.grammar for r in requests] + [""])
+    parsed = [domain.parse(g.text, r.context) for g, r in zip(generations, requests)]
+    assert all(isinstance(p, Task) for p in parsed), [(g.text, p) for g, p in zip(generations, parsed)]
+    unconstrained = [domain.parse(g.text, r.context) for g, r in
+                     zip(backend.generate(prompts[:6], sampling), requests)]
+    assert not any(isinstance(p, Task) for p in unconstrained), "a random model writes no valid request by itself"
+    for g in generations:
+        reference = sequence_logprobs(tiny.model, g.prompt_token_ids, g.token_ids, 1.0)
+        torch.testing.assert_close(torch.tensor(g.logprobs), reference.detach(), atol=1e-4, rtol=1e-4)
+
+
 def test_smollm2_loads_from_the_packaged_gguf_and_answers():
     loaded = load_model("smollm2-135m")
     backend = TransformersBackend(loaded.model, loaded.tokenizer)

@@ -13,10 +13,16 @@ were batched with it. vLLM takes one SamplingParams (with its seed) per prompt. 
 `generate` has one random stream per call, so `SeededSampling` draws each row's token itself, with
 the row's own generator (the Gumbel-max trick: argmax(logits / T + Gumbel noise) is a sample of
 softmax(logits / T)), and generate runs greedy over those choices.
+
+A prompt may come with a grammar (EBNF, xgrammar's dialect): its tokens are then masked to what the grammar
+allows, by xgrammar's transformers logits processor (or vLLM's structured outputs, whose default backend is
+xgrammar too), so both backends read one grammar. The log-probabilities recorded stay the model's own,
+unmasked: the trainers recompute those.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -85,6 +91,35 @@ def render_prompt(tokenizer, user_text: str, system: str | None = None) -> str:
     return (system + "\n\n" if system else "") + user_text
 
 
+ANY_TEXT = "root ::= [^]*"  # the grammar of a row left free in a batch whose other rows are constrained
+
+
+def grammar_compiler(tokenizer, vocab_size: int):
+    """xgrammar's compiler for a tokenizer (one per tokenizer and vocabulary size: building it reads the vocabulary)."""
+    return _compiler(tokenizer, vocab_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _compiler(tokenizer, vocab_size: int):
+    try:
+        import xgrammar
+    except ImportError:
+        raise RuntimeError("constrained generation needs xgrammar: pip install --no-deps xgrammar apache-tvm-ffi "
+                           "(the Makefile installs both)") from None
+    return xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size))
+
+
+class OnACopy:
+    """A logits processor run on a copy of the scores. xgrammar's masks them in place, and transformers keeps that
+    very tensor as the raw logits the recorded logprobs are read from."""
+
+    def __init__(self, processor):
+        self.processor = processor
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return self.processor(input_ids, scores.clone())
+
+
 class TransformersBackend:
     def __init__(self, model, tokenizer, batch_size: int = 16):
         self.model = model
@@ -93,11 +128,12 @@ class TransformersBackend:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], sampling: SamplingConfig | None = None, seeds: list[int] | None = None,
-                 progress=None) -> list[Generation]:
+                 progress=None, grammars: list[str] | None = None) -> list[Generation]:
         """seeds: one per prompt (see `sample_seed`). progress(done, total), if given, is called after every batch
-        with the prompts done so far."""
+        with the prompts done so far. grammars: one EBNF grammar per prompt ("": unconstrained)."""
         sampling = sampling or SamplingConfig()
         seeds = prompt_seeds(sampling, len(prompts), seeds)
+        grammars = grammars or [""] * len(prompts)
         # Batches of prompts of similar length: less padding, and answers that tend to end together (a batch
         # runs until its longest answer ends). Each sample depends only on its prompt and seed, so the order
         # changes no result.
@@ -107,17 +143,29 @@ class TransformersBackend:
         for start in range(0, len(prompts), self.batch_size):
             chunk = order[start:start + self.batch_size]
             for i, generation in zip(chunk, self._generate_batch([prompts[i] for i in chunk], sampling,
-                                                                 [seeds[i] for i in chunk])):
+                                                                 [seeds[i] for i in chunk], [grammars[i] for i in chunk])):
                 out[i] = generation
             if progress:
                 progress(min(start + self.batch_size, len(prompts)), len(prompts))
         return out
 
-    def _generate_batch(self, prompts: list[str], sampling: SamplingConfig, seeds: list[int]) -> list[Generation]:
+    def constraint(self, grammars: list[str]) -> list:
+        """xgrammar's logits processor for a batch whose rows have grammars (a free row gets one that allows any
+        text); none when no row has one."""
+        if not any(grammars):
+            return []
+        from xgrammar.contrib.hf import LogitsProcessor
+
+        compiler = grammar_compiler(self.tokenizer, self.model.config.vocab_size)
+        return [OnACopy(LogitsProcessor([compiler.compile_grammar(g or ANY_TEXT) for g in grammars]))]
+
+    def _generate_batch(self, prompts: list[str], sampling: SamplingConfig, seeds: list[int],
+                        grammars: list[str]) -> list[Generation]:
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
         greedy = sampling.temperature <= 0
-        sampler = [] if greedy else [SeededSampling(seeds, sampling.temperature, sampling.top_p)]
+        sampler = self.constraint(grammars)  # masks first, so the sampler draws among the allowed tokens
+        sampler += [] if greedy else [SeededSampling(seeds, sampling.temperature, sampling.top_p)]
         was_training = self.model.training
         self.model.eval()
         result = self.model.generate(
@@ -198,14 +246,17 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()  # cached prefixes hold keys and values of the old weights
 
     def generate(self, prompts: list[str], sampling: SamplingConfig | None = None, seeds: list[int] | None = None,
-                 progress=None) -> list[Generation]:
+                 progress=None, grammars: list[str] | None = None) -> list[Generation]:
         from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
 
         sampling = sampling or SamplingConfig()
         greedy = sampling.temperature <= 0
+        grammars = grammars or [""] * len(prompts)
         params = [SamplingParams(max_tokens=sampling.max_new_tokens, temperature=0.0 if greedy else sampling.temperature,
-                                 top_p=1.0 if greedy else sampling.top_p, seed=seed, logprobs=0)
-                  for seed in prompt_seeds(sampling, len(prompts), seeds)]
+                                 top_p=1.0 if greedy else sampling.top_p, seed=seed, logprobs=0,
+                                 structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar else None)
+                  for seed, grammar in zip(prompt_seeds(sampling, len(prompts), seeds), grammars)]
         out = []
         for request in self.llm.generate(prompts, params, use_tqdm=False):
             completion = request.outputs[0]

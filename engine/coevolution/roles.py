@@ -140,8 +140,9 @@ class ModelRole:
         self.model = None
 
     def generate(self, prompts: list[str], max_new_tokens: int, seeds: list[int] | None = None, greedy: bool = False,
-                 progress: Tick = _quiet):
-        """One generation per prompt; seeds: one per prompt (trainers.sample_seed), unused when greedy."""
+                 progress: Tick = _quiet, grammars: list[str] | None = None):
+        """One generation per prompt; seeds: one per prompt (trainers.sample_seed), unused when greedy; grammars: one
+        per prompt, the form its output is constrained to ("": free)."""
         if self.model is None:
             raise RuntimeError(f"{self.kind} model not loaded: call load() first")
         if not prompts:
@@ -149,7 +150,7 @@ class ModelRole:
         cfg = self.config
         sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0 if greedy else cfg.temperature,
                                   seed=cfg.seed)
-        return self.backend().generate(prompts, sampling, seeds=seeds, progress=progress)
+        return self.backend().generate(prompts, sampling, seeds=seeds, progress=progress, grammars=grammars)
 
     def backend(self):
         cfg = self.config
@@ -221,11 +222,12 @@ class Simulator(ModelRole):
             description = f"epoch {epoch}: simulator writes {wanted} tasks (attempt {attempt + 1})"
             key = (epoch, attempt) if round_ == 0 else (epoch, "refill", round_, attempt)
             seeds = [sample_seed(cfg.seed, self.run_id, "simulator", *key, i) for i in range(wanted)]
+            grammars = [r.grammar for r in requests]
             if progress_for is None:
-                generations = self.generate(prompts, cfg.env_max_new_tokens, seeds)
+                generations = self.generate(prompts, cfg.env_max_new_tokens, seeds, grammars=grammars)
             else:
                 with progress_for(description) as tick:
-                    generations = self.generate(prompts, cfg.env_max_new_tokens, seeds, progress=tick)
+                    generations = self.generate(prompts, cfg.env_max_new_tokens, seeds, progress=tick, grammars=grammars)
             for request, generation in zip(requests, generations):
                 parsed = self.domain.parse(generation.text, request.context)
                 batch_id = (self.batch_id(epoch, first_valid + valid) if isinstance(parsed, Task)

@@ -41,6 +41,9 @@ class SimulatorRequest:
     prompt: str
     context: dict = field(default_factory=dict)
     offered: list[float] = field(default_factory=list)  # the difficulty_feature values the simulator may choose from
+    # An EBNF grammar (xgrammar's dialect, GBNF-like) the simulator's output is constrained to, where the domain fixes
+    # part of its form; "" leaves it free. The parser still judges the text: a grammar only makes validity likelier.
+    grammar: str = ""
 
 
 class Domain(Protocol):

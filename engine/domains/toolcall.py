@@ -216,6 +216,23 @@ def template_text(rng: random.Random, spec: dict) -> str:
     return f"{text.rstrip('.?')} ({', '.join(missing)})." if missing else text
 
 
+FREE_TEXT = 24  # characters of the simulator's own words between two values (the grammar's bound)
+
+
+def request_grammar(candidates: list[dict]) -> str:
+    """The form every valid request has: one candidate's values in order (each as the call has it or in its spoken
+    form), between runs of at most FREE_TEXT characters of free text: printable ASCII on one line, with no
+    parentheses (a request that spells out a call is refused). Which candidate's values it writes is still the simulator's choice, and the
+    bounded runs leave room for every value within env_max_new_tokens. An EBNF grammar for xgrammar."""
+    def value(v) -> str:
+        return "(" + " | ".join(json.dumps(form) for form in sorted({str(v), spoken(v)})) + ")"
+
+    rules = [f"candidate{i} ::= free " + " free ".join(value(v) for c in spec["calls"] for v in c["arguments"].values())
+             + " free" for i, spec in enumerate(candidates)]
+    return "\n".join([f"root ::= {' | '.join(f'candidate{i}' for i in range(len(candidates)))}", *rules,
+                      f"free ::= [ -'*-~]{{0,{FREE_TEXT}}}"])
+
+
 class ToolCall:
     """seeds_path: API-Bank's level-1-api.json (or its folder) to draw the warm-start seeds from, instead of
     the built-in templates."""
@@ -255,7 +272,7 @@ class ToolCall:
         menu = " ".join(f"({chr(97 + i)}) level {c['level']}: {menu_entry(c)}" for i, c in enumerate(candidates))
         prompt = (f"Pick a task and write the user's message for it, with every value, no code. {menu}. "
                   f"Assistant's results: {performance}.")
-        return SimulatorRequest(prompt, {"candidates": candidates}, offered=list(levels))
+        return SimulatorRequest(prompt, {"candidates": candidates}, offered=list(levels), grammar=request_grammar(candidates))
 
     def parse(self, generation: str, context: dict) -> Task | Invalid:
         """The candidate whose every value the request carries (the most specific one if several do)."""
