@@ -43,6 +43,9 @@ def test_replaying_every_epoch_reproduces_its_checkpoints_bit_for_bit(quick_run)
     moved = [r for r in registered.iter_rows(named=True)
              if r["model_kind"] == "agent" and r["parent_version"] and sha[("agent", r["version"])] != sha[("agent", r["parent_version"])]]
     assert moved, "no GRPO update changed the agent's weights: the replay test would not test training"
+    # ... and one of them continued its parent's optimiser (optimizer.pt), which the replay started from too.
+    continued = [json.loads(r["metrics_json"])["optimizer"] for r in registered.iter_rows(named=True)]
+    assert any(o.startswith("continued at step") for o in continued), continued
 
 
 def test_replay_shows_the_first_difference_when_a_checkpoint_cannot_be_reproduced(quick_run, tmp_path):

@@ -168,19 +168,30 @@ def test_a_quick_run_leaves_every_kind_of_record_in_the_lake(quick_run):
     generated = tasks.filter(pl.col("producer") != "warm-start")
     assert generated.height >= 2 * 4, "every generation is recorded, parseable or not"
     assert (generated["valid"] | generated["invalid_reason"].is_not_null()).all()
+    report = next((Path(lake.root) / "reports").iterdir())
+    metrics = json.loads((report / "metrics.json").read_text())
+    refilled = {m["epoch"]: m["refilled_tasks"] for m in metrics["epochs"]}
     for epoch in (0, 1):  # the simulator writes until it has tasks_per_epoch valid tasks (or runs out of attempts)
         of_epoch = generated.filter(pl.col("epoch") == epoch)
-        assert of_epoch["valid"].sum() <= 4
-        assert of_epoch["valid"].sum() == 4 or of_epoch.height >= 4 + 3, "four attempts before giving up"
+        first_round = of_epoch["valid"].sum() - refilled[epoch]
+        assert first_round <= 4
+        assert first_round == 4 or of_epoch.height >= 4 + 3, "four attempts before giving up"
+    # Dynamic sampling: the tiny agent's groups are all wrong (nothing mixed), so each epoch wrote more tasks.
+    assert all(refilled.values()), refilled
     for kind in ("rollout", "reward", "batch"):
         assert read_table(lake, silver(kind)).height > 0, kind
     checkpoints = read_table(lake, CHECKPOINTS)
     assert {"agent", "env"} <= set(checkpoints["model_kind"].to_list())
     assert read_pool(lake, "d_train").height > 0 and read_pool(lake, "d_env").height > 0
-    report = next((Path(lake.root) / "reports").iterdir())
     for name in ("report.md", "success.png", "validation.png", "difficulty.png", "metrics.json", "config.toml"):
         assert (report / name).is_file(), name
-    assert len(json.loads((report / "metrics.json").read_text())["epochs"]) == 2
+    assert len(metrics["epochs"]) == 2
+    # What the run taught: steps, the whole set before and after (same items) and the paired interval of the gain.
+    assert metrics["agent_optimizer_steps"] > 0 and metrics["validation_items"] == 6
+    low, high = metrics["validation_gain_interval"]
+    assert low <= metrics["validation_gain"] <= high
+    assert metrics["validation_gain"] == pytest.approx(metrics["validation_after"] - metrics["validation_before"])
+    assert (report / "learning.png").is_file() and metrics["phases"]["warm_start"]["peak_rss_gb"] > 0
 
 
 def test_every_p_hat_and_env_reward_can_be_recomputed_from_its_rows(quick_run):

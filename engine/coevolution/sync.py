@@ -167,6 +167,11 @@ class CoEvolution:
         paired = paired_gain(list(before.successes), list(after.successes)) if before.successes and after.successes else {}
         curve = [{"agent_optimizer_steps": 0, "items": len(before.successes), "accuracy": before.accuracy,
                   **_bounds(before.successes)}]
+        subset = [m.validation_items for m in self.metrics if m.validation_items != len(before.successes)]
+        if subset and before.successes:  # the subset's items before training, for the subset's curve to start from
+            first = before.successes[:subset[0]]
+            curve.append({"agent_optimizer_steps": 0, "items": len(first), "accuracy": round(sum(first) / len(first), 4),
+                          **_bounds(first)})
         curve += [{"agent_optimizer_steps": m.agent_optimizer_steps, "items": m.validation_items,
                    "accuracy": m.validation_accuracy, "epoch": m.epoch, **_bounds(m.validation_successes)}
                   for m in self.metrics if m.validation_successes]
@@ -274,8 +279,10 @@ class CoEvolution:
         events += self.scorer.groups(tasks, {t.task_id: [True] for t in tasks}, 0, producer="warm-start")
         self.writer.publish(events)
         self.writer.land()
-        sft = RWRConfig(learning_rate=cfg.warm_start_learning_rate, per_device_train_batch_size=8, kl_coef=0.0,
-                        num_train_epochs=cfg.warm_start_epochs, seed=cfg.seed)
+        # Steps of 8 rows, in micro-batches of 2: a seed's long simulator prompt makes a micro-batch's activations
+        # the largest thing in the process (about 4 GB at 8 rows for a 135M model).
+        sft = RWRConfig(learning_rate=cfg.warm_start_learning_rate, per_device_train_batch_size=2,
+                        gradient_accumulation_steps=4, kl_coef=0.0, num_train_epochs=cfg.warm_start_epochs, seed=cfg.seed)
         agent = self.train("agent", epoch=0, options=sft, warm_start=True)
         env = self.train("env", epoch=0, options=sft, warm_start=True) if self.simulator.needs_model else None
         self.load(agent or self.rollouts.version, env or self.simulator.version)
@@ -381,7 +388,11 @@ class CoEvolution:
               lap=lambda phase: None) -> int | None:
         """Train, publish the checkpoint, return its version; None (and why, in `note`) when there was nothing to
         train on. lap(phase): the epoch's clock, told when the update and the new agent's validation end."""
-        parent = self.rollouts.version if kind == "agent" else self.simulator.version
+        role = self.rollouts if kind == "agent" else self.simulator
+        parent = role.version
+        # The trainer loads its own fp32 copy of the parent: the role's copy would only add to the peak memory, and
+        # the role loads the new checkpoint (or the parent again) afterwards anyway.
+        role.unload()
         what = f"{'warm start' if warm_start else f'epoch {epoch}'}: training {kind}"
         try:
             with self.phase(what) as tick:
