@@ -75,3 +75,26 @@ def test_packed_rows_of_a_shared_batch_are_the_packed_batch():
     for field in ("input_ids", "attention_mask", "completion_ids", "completion_mask"):
         assert torch.equal(getattr(direct, field), getattr(via, field)), field
     assert isinstance(pack_shared(prompts, completions, 0), SharedPrefixBatch)
+
+
+def test_the_shared_prefix_backward_gives_the_same_bits_every_time():
+    """Replay retrains a checkpoint bit for bit, so the gradient that reaches a shared prompt must not depend on
+    the order in which threads add the rows' parts; at this size indexing's backward (index_add) does, on the CPU."""
+    from transformers import DynamicCache
+
+    from trainers.batching import select_rows
+
+    keys = torch.randn(2, 3, 400, 64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    rows = torch.tensor([0] * 8 + [1] * 8)
+    upstream = torch.randn(16, 3, 400, 64, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for _ in range(6):
+        keys.grad = None
+        cache = DynamicCache()
+        cache.update(keys, keys * 2, 0)
+        select_rows(cache, rows, 2)
+        layer = cache.layers[0]
+        assert torch.equal(layer.keys, keys[rows]) and torch.equal(layer.values, (keys * 2)[rows])  # exact forward
+        ((layer.keys + layer.values) * upstream).sum().backward()
+        grads.append(keys.grad.clone())
+    assert all(torch.equal(grads[0], g) for g in grads[1:])

@@ -122,6 +122,22 @@ def checkpointed(model) -> bool:
     return bool(getattr(model, name, False))
 
 
+def select_rows(cache, rows: torch.Tensor, prompts: int) -> None:
+    """Each row's prompt keys and values in the cache (what `cache.batch_select_indices(rows)` does), as a product
+    with a one-hot matrix. Indexing's backward adds the rows' gradients into their shared prompt with index_add,
+    whose order of additions on the CPU changes from run to run once the tensors are large (a 135M model's are):
+    the weights would then differ in the last bit between a run and its replay. A matrix product's reduction
+    does not change, and multiplying by one and adding zeros leaves the forward exact."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:  # older transformers: lists of tensors per layer, indexed as before
+        cache.batch_select_indices(rows)
+        return
+    for layer in layers:
+        pick = torch.nn.functional.one_hot(rows, prompts).to(layer.keys.dtype)
+        layer.keys = torch.einsum("rp,p...->r...", pick, layer.keys)
+        layer.values = torch.einsum("rp,p...->r...", pick, layer.values)
+
+
 def shared_prefix_logps(model, batch: SharedPrefixBatch, temperature: float = 1.0) -> torch.Tensor:
     """completion_logps with each distinct prompt encoded once (the shared-prefix forward)."""
     device = next(model.parameters()).device
@@ -129,7 +145,7 @@ def shared_prefix_logps(model, batch: SharedPrefixBatch, temperature: float = 1.
     encoded = model(input_ids=batch.prompt_ids.to(device), attention_mask=prompt_mask,
                     position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True, logits_to_keep=1)
     cache = getattr(encoded, CACHE)
-    cache.batch_select_indices(rows)  # each row's prompt keys and values, by indexing: gradients reach the prompt
+    select_rows(cache, rows, batch.prompt_ids.shape[0])  # each row's prompt keys and values: gradients reach the prompt
     completion_mask = batch.completion_mask.to(device)
     C = batch.completion_width
     # Each completion continues its prompt's positions; it attends to its own prompt (padding masked) and itself.
