@@ -190,7 +190,8 @@ def test_a_quick_run_leaves_every_kind_of_record_in_the_lake(quick_run):
     assert metrics["agent_optimizer_steps"] > 0 and metrics["validation_items"] == 6
     low, high = metrics["validation_gain_interval"]
     assert low <= metrics["validation_gain"] <= high
-    assert metrics["validation_gain"] == pytest.approx(metrics["validation_after"] - metrics["validation_before"])
+    # (the accuracies are rounded to 4 places, the gain is the exact mean of the item-by-item differences)
+    assert metrics["validation_gain"] == pytest.approx(metrics["validation_after"] - metrics["validation_before"], abs=1e-3)
     assert (report / "learning.png").is_file() and metrics["phases"]["warm_start"]["peak_rss_gb"] > 0
 
 
