@@ -94,13 +94,9 @@ def render_prompt(tokenizer, user_text: str, system: str | None = None) -> str:
 ANY_TEXT = "root ::= [^]*"  # the grammar of a row left free in a batch whose other rows are constrained
 
 
+@functools.lru_cache(maxsize=4)
 def grammar_compiler(tokenizer, vocab_size: int):
     """xgrammar's compiler for a tokenizer (one per tokenizer and vocabulary size: building it reads the vocabulary)."""
-    return _compiler(tokenizer, vocab_size)
-
-
-@functools.lru_cache(maxsize=4)
-def _compiler(tokenizer, vocab_size: int):
     try:
         import xgrammar
     except ImportError:
