@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench clean
+.PHONY: install run test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -27,6 +27,14 @@ run: install
 
 test: install
 	$(BIN)/pytest -q
+
+# Unit and integration tiers only: no whole runs, replays, browser or multi-process tests (docs/HACKING.md).
+test-fast: install
+	$(BIN)/pytest -q -m "not e2e"
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 bench: install
 	$(BIN)/python tests/bench/ingest.py

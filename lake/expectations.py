@@ -39,8 +39,13 @@ RANGES: dict[str, list[tuple[str, float | None, float | None]]] = {
     "rollout": [("epoch", 0, None), ("group_index", 0, None)],
     "reward": [("epoch", 0, None), ("reward", 0.0, 1.0)],
     "batch": [
-        ("epoch", 0, None), ("p_hat", 0.0, 1.0), ("env_reward", 0.0, 1.0), ("weight", 0.0, None),
-        ("n_tasks", 0, None), ("n_rollouts", 0, None), ("n_success", 0, None),
+        ("epoch", 0, None),
+        ("p_hat", 0.0, 1.0),
+        ("env_reward", 0.0, 1.0),
+        ("weight", 0.0, None),
+        ("n_tasks", 0, None),
+        ("n_rollouts", 0, None),
+        ("n_success", 0, None),
     ],
     "checkpoint": [("epoch", 0, None), ("version", 0, None)],
     "restart": [("epoch", 0, None), ("restart", 1, None)],
@@ -76,7 +81,7 @@ class SuiteError(RuntimeError):
 
 
 def check_name(config) -> str:
-    """"<expectation type>(<column>)" for an expectation configuration."""
+    """ "<expectation type>(<column>)" for an expectation configuration."""
     return f"{config.type}({config.kwargs.get('column', '')})"
 
 
@@ -112,11 +117,15 @@ class SuiteRunner:
     # -- suites -------------------------------------------------------------------------------
     def _content_expectations(self, kind: str) -> list:
         gxe = self.gxe
-        checks = [gxe.ExpectColumnValuesToBeBetween(column=column, min_value=low, max_value=high)
-                  for column, low, high in RANGES.get(kind, [])]
-        checks += [gxe.ExpectColumnValuesToBeInSet(column=column, value_set=allowed)
-                   for column, allowed in VALUE_SETS.get(kind, [])]
-        for name, dtype in scalar_columns(kind).items():
+        checks = [
+            gxe.ExpectColumnValuesToBeBetween(column=column, min_value=low, max_value=high)
+            for column, low, high in RANGES.get(kind, [])
+        ]
+        checks += [
+            gxe.ExpectColumnValuesToBeInSet(column=column, value_set=allowed)
+            for column, allowed in VALUE_SETS.get(kind, [])
+        ]
+        for name in scalar_columns(kind):
             if field_types(EVENT_TYPES[kind])[name] is str:
                 limit = MAX_ID_CHARS if name in ID_COLUMNS else MAX_TEXT_CHARS
                 checks.append(gxe.ExpectColumnValueLengthsToBeBetween(column=name, max_value=limit))
@@ -136,8 +145,9 @@ class SuiteRunner:
     def frame(kind: str, events: list[Event]) -> pd.DataFrame:
         """A typed frame of the events' scalar fields (decoded events: every value has its field's type)."""
         columns = scalar_columns(kind)
-        frame = pd.DataFrame({name: pd.Series([getattr(e, name) for e in events], dtype=dtype)
-                              for name, dtype in columns.items()})
+        frame = pd.DataFrame(
+            {name: pd.Series([getattr(e, name) for e in events], dtype=dtype) for name, dtype in columns.items()}
+        )
         frame.index = pd.RangeIndex(len(frame))
         return frame
 
@@ -154,8 +164,9 @@ class SuiteRunner:
             name = check_name(outcome.expectation_config)
             indices = outcome.result.get("unexpected_index_list")
             if indices is None:  # the expectation itself raised
-                messages = {i.get("exception_message") for i in (outcome.exception_info or {}).values()
-                            if isinstance(i, dict)} or {str(outcome.exception_info)}
+                messages = {
+                    i.get("exception_message") for i in (outcome.exception_info or {}).values() if isinstance(i, dict)
+                } or {str(outcome.exception_info)}
                 raise SuiteError(f"{name} could not be evaluated: {'; '.join(map(str, messages))}"[:500])
             verdict.unexpected_counts[name] += len(indices)
             for index in indices:

@@ -37,7 +37,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import polars as pl
 import pyarrow as pa
@@ -47,7 +47,7 @@ from streams.events import EVENT_TYPES, content_digest, field_types
 from streams.kafka import ALL_TOPICS, assigned_consumer, cluster_id, ensure_topics, partitions_of
 
 from .lease import LEASES, TTL_S, Lease
-from .refine import RawRecord, Refiner, RefineOutput, RefineState, Watermark, bronze_record, refined
+from .refine import RawRecord, RefineOutput, Refiner, RefineState, Watermark, bronze_record, refined
 from .tables import BRONZE_SCHEMA, DERIVED_TABLES, SCHEMAS, VALIDATIONS, Lake, LakeError, bronze, silver
 
 log = logging.getLogger(__name__)
@@ -81,18 +81,20 @@ class CommitRecord:
         return json.dumps({"seq": self.seq, "watermark": self.watermark, "versions": self.versions}, sort_keys=True)
 
     @classmethod
-    def from_json(cls, raw: str) -> "CommitRecord":
+    def from_json(cls, raw: str) -> CommitRecord:
         data = json.loads(raw)
-        watermark = {t: {c: {int(p): o for p, o in parts.items()} for c, parts in logs.items()}
-                     for t, logs in data["watermark"].items()}
+        watermark = {
+            t: {c: {int(p): o for p, o in parts.items()} for c, parts in logs.items()}
+            for t, logs in data["watermark"].items()
+        }
         return cls(data["seq"], watermark, data["versions"])
 
     @classmethod
-    def empty(cls) -> "CommitRecord":
+    def empty(cls) -> CommitRecord:
         return cls(versions={name: 0 for name in DERIVED_TABLES})
 
     @classmethod
-    def read(cls, lake: Lake) -> "CommitRecord":
+    def read(cls, lake: Lake) -> CommitRecord:
         """The commit record of the last complete refine step (an empty one before the first)."""
         for commit in lake.delta(VALIDATIONS).history():
             raw = commit.get(COMMIT_RECORD_KEY)
@@ -101,7 +103,7 @@ class CommitRecord:
         return cls.empty()
 
     @classmethod
-    def history(cls, lake: Lake) -> list["CommitRecord"]:
+    def history(cls, lake: Lake) -> list[CommitRecord]:
         """Every complete refine step's commit record, oldest first."""
         raws = [c.get(COMMIT_RECORD_KEY) for c in lake.delta(VALIDATIONS).history()]
         return sorted((cls.from_json(raw) for raw in raws if raw), key=lambda r: r.seq)
@@ -124,8 +126,13 @@ class IngestStats:
             self.seconds[phase] += time.perf_counter() - start
 
     def summary(self) -> dict:
-        return {"records": self.records, "steps": self.steps, "redeliveries": self.redeliveries, "rows": dict(sorted(self.rows.items())),
-                "seconds": {k: round(v, 2) for k, v in sorted(self.seconds.items())}}
+        return {
+            "records": self.records,
+            "steps": self.steps,
+            "redeliveries": self.redeliveries,
+            "rows": dict(sorted(self.rows.items())),
+            "seconds": {k: round(v, 2) for k, v in sorted(self.seconds.items())},
+        }
 
 
 def stored_offsets(lake: Lake, cluster: str, topic: str, partitions: list[int]) -> dict[int, int]:
@@ -140,8 +147,14 @@ def stored_offsets(lake: Lake, cluster: str, topic: str, partitions: list[int]) 
 
 
 class Ingestor:
-    def __init__(self, lake: Lake, bootstrap: str, config: IngestConfig | None = None, runner=None,
-                 checkpoints_of: Lake | None = None):
+    def __init__(
+        self,
+        lake: Lake,
+        bootstrap: str,
+        config: IngestConfig | None = None,
+        runner=None,
+        checkpoints_of: Lake | None = None,
+    ):
         """`checkpoints_of`: the lake whose checkpoints/ a CheckpointPublished must name (default: `lake`;
         a rebuild into a scratch lake checks against its source)."""
         self.lake = lake
@@ -156,7 +169,7 @@ class Ingestor:
         self.lease: Lease | None = None
 
     # -- start ----------------------------------------------------------------------------------
-    def start(self) -> "Ingestor":
+    def start(self) -> Ingestor:
         """Take the lake's ingest lease (LeaseHeld, before anything is written, when another ingestor holds it),
         recover, and position the consumer after what bronze holds."""
         self.lease = Lease(self.lake.uri(LEASES), self.lake.storage_options, ttl_s=self.config.lease_ttl_s)
@@ -164,8 +177,12 @@ class Ingestor:
         ensure_topics(self.bootstrap, self.config.partitions, self.config.topics)
         self.recover()
         self.cluster = cluster_id(self.bootstrap)
-        self.consumer = assigned_consumer(self.bootstrap, self.config.topics, client_id="genenv-ingest",
-                                          max_poll_records=self.config.max_batch_records)
+        self.consumer = assigned_consumer(
+            self.bootstrap,
+            self.config.topics,
+            client_id="genenv-ingest",
+            max_poll_records=self.config.max_batch_records,
+        )
         for topic in self.config.topics:
             tps = partitions_of(self.consumer, topic)
             stored = stored_offsets(self.lake, self.cluster, topic, [tp.partition for tp in tps])
@@ -184,8 +201,14 @@ class Ingestor:
                 self.lake.restore(name, expected)
         self.record = record
         state = RefineState.load(self.lake, record.watermark)
-        self.refiner = Refiner(state, self._runner, self.config.max_wait_s, self.config.max_pending,
-                               landed_digests=self._landed_digests, checkpoint_files=self.checkpoints_of.files)
+        self.refiner = Refiner(
+            state,
+            self._runner,
+            self.config.max_wait_s,
+            self.config.max_pending,
+            landed_digests=self._landed_digests,
+            checkpoint_files=self.checkpoints_of.files,
+        )
         gap = self._bronze_past_watermark(record.watermark)
         if gap:
             log.info("refining %d bronze records past the watermark", len(gap))
@@ -221,7 +244,10 @@ class Ingestor:
                 break
             polled = self.consumer.poll(timeout_ms=remaining_ms, max_records=cfg.max_batch_records - len(batch))
             for tp, messages in polled.items():
-                batch.extend(RawRecord(self.cluster, tp.topic, tp.partition, m.offset, m.timestamp, m.key, m.value) for m in messages)
+                batch.extend(
+                    RawRecord(self.cluster, tp.topic, tp.partition, m.offset, m.timestamp, m.key, m.value)
+                    for m in messages
+                )
                 size += sum(len(m.value or b"") for m in messages)
         return batch
 
@@ -254,7 +280,7 @@ class Ingestor:
         self._refine_and_commit(batch)
 
     def write_bronze(self, batch: list[RawRecord]) -> None:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         by_topic: dict[str, list[RawRecord]] = defaultdict(list)
         for r in batch:
             by_topic[r.topic].append(r)
@@ -262,16 +288,19 @@ class Ingestor:
             last = {}
             for r in records:
                 last[r.cluster, r.partition] = max(last.get((r.cluster, r.partition), -1), r.offset)
-            rows = pa.table({
-                "topic": pa.array([topic] * len(records), pa.string()),
-                "kafka_cluster": pa.array([r.cluster for r in records], pa.string()),
-                "kafka_partition": pa.array([r.partition for r in records], pa.int32()),
-                "kafka_offset": pa.array([r.offset for r in records], pa.int64()),
-                "kafka_timestamp": pa.array([r.timestamp for r in records], pa.int64()),
-                "key": pa.array([r.key for r in records], pa.binary()),
-                "value": pa.array([r.value for r in records], pa.binary()),
-                "ingested_at": pa.array([now] * len(records), pa.timestamp("us", tz="UTC")),
-            }, schema=BRONZE_SCHEMA)
+            rows = pa.table(
+                {
+                    "topic": pa.array([topic] * len(records), pa.string()),
+                    "kafka_cluster": pa.array([r.cluster for r in records], pa.string()),
+                    "kafka_partition": pa.array([r.partition for r in records], pa.int32()),
+                    "kafka_offset": pa.array([r.offset for r in records], pa.int64()),
+                    "kafka_timestamp": pa.array([r.timestamp for r in records], pa.int64()),
+                    "key": pa.array([r.key for r in records], pa.binary()),
+                    "value": pa.array([r.value for r in records], pa.binary()),
+                    "ingested_at": pa.array([now] * len(records), pa.timestamp("us", tz="UTC")),
+                },
+                schema=BRONZE_SCHEMA,
+            )
             txns = [Transaction(app_id(cluster, topic, p), offset) for (cluster, p), offset in sorted(last.items())]
             self.lake.append(bronze(topic), rows, CommitProperties(app_transactions=txns))
             self.stats.rows[bronze(topic)] += len(records)
@@ -298,8 +327,9 @@ class Ingestor:
         self.record = record
         self.stats.steps += 1
         # Counted where the step records it (silver/validations), so the summary and the table cannot disagree.
-        self.stats.redeliveries += sum(json.loads(row["unexpected_counts"]).get("redelivery", 0)
-                                       for row in out.rows[VALIDATIONS])
+        self.stats.redeliveries += sum(
+            json.loads(row["unexpected_counts"]).get("redelivery", 0) for row in out.rows[VALIDATIONS]
+        )
 
     def _write_derived(self, out: RefineOutput, record: CommitRecord) -> None:
         for name in DERIVED_TABLES:
@@ -311,11 +341,16 @@ class Ingestor:
                 self.stats.rows[name] += rows.num_rows
         # Written last, carrying the record, which must name the version this very commit will get.
         record.versions[VALIDATIONS] += 1
-        written = self.lake.append(VALIDATIONS, pa.Table.from_pylist(out.rows[VALIDATIONS], SCHEMAS[VALIDATIONS]),
-                                   CommitProperties(custom_metadata={COMMIT_RECORD_KEY: record.to_json()}))
+        written = self.lake.append(
+            VALIDATIONS,
+            pa.Table.from_pylist(out.rows[VALIDATIONS], SCHEMAS[VALIDATIONS]),
+            CommitProperties(custom_metadata={COMMIT_RECORD_KEY: record.to_json()}),
+        )
         if written != record.versions[VALIDATIONS]:
-            raise LakeError(f"{VALIDATIONS} is at version {written}, expected {record.versions[VALIDATIONS]}: "
-                            "another process writes to this lake; run one ingestor per lake")
+            raise LakeError(
+                f"{VALIDATIONS} is at version {written}, expected {record.versions[VALIDATIONS]}: "
+                "another process writes to this lake; run one ingestor per lake"
+            )
 
     def close(self) -> None:
         if self.consumer is not None:
@@ -344,8 +379,15 @@ def lag(lake: Lake, bootstrap: str, topics: tuple[str, ...] = ALL_TOPICS, timeou
         consumer.close()
 
 
-def ingest(lake: Lake, bootstrap: str, config: IngestConfig | None = None, idle_exit_s: float | None = None,
-           stop=None, on_step=None, runner=None) -> IngestStats:
+def ingest(
+    lake: Lake,
+    bootstrap: str,
+    config: IngestConfig | None = None,
+    idle_exit_s: float | None = None,
+    stop=None,
+    on_step=None,
+    runner=None,
+) -> IngestStats:
     """Run an ingestor until idle (or stopped) and return what it wrote."""
     ingestor = Ingestor(lake, bootstrap, config, runner=runner)
     try:

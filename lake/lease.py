@@ -38,10 +38,15 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 LEASES = "_leases"
-LEASES_SCHEMA = pa.schema([
-    ("name", pa.string()), ("owner", pa.string()), ("seq", pa.int64()),
-    ("taken_at", pa.float64()), ("expires_at", pa.float64()),
-])
+LEASES_SCHEMA = pa.schema(
+    [
+        ("name", pa.string()),
+        ("owner", pa.string()),
+        ("seq", pa.int64()),
+        ("taken_at", pa.float64()),
+        ("expires_at", pa.float64()),
+    ]
+)
 log = logging.getLogger(__name__)
 TTL_S = 30.0
 TIDY_EVERY = 100  # commits of the lease table between two deletions of what is older than KEEP_HOURS
@@ -82,8 +87,14 @@ class Holder:
 
 
 class Lease:
-    def __init__(self, uri: str, storage_options: dict[str, str] | None = None, name: str = "ingest",
-                 owner: str | None = None, ttl_s: float = TTL_S):
+    def __init__(
+        self,
+        uri: str,
+        storage_options: dict[str, str] | None = None,
+        name: str = "ingest",
+        owner: str | None = None,
+        ttl_s: float = TTL_S,
+    ):
         if ttl_s <= 0:
             raise ValueError(f"a lease's ttl must be > 0 s, got {ttl_s}")
         self.uri, self.name, self.owner, self.ttl_s = uri, name, owner or default_owner(), ttl_s
@@ -127,11 +138,24 @@ class Lease:
         return DeltaTable(self.uri, storage_options=self.storage_options)
 
     def _append(self, table: DeltaTable, taken_at: float, expires_at: float) -> None:
-        row = pa.table({"name": [self.name], "owner": [self.owner], "seq": [table.version() + 1],
-                        "taken_at": [taken_at], "expires_at": [expires_at]}, schema=LEASES_SCHEMA)
+        row = pa.table(
+            {
+                "name": [self.name],
+                "owner": [self.owner],
+                "seq": [table.version() + 1],
+                "taken_at": [taken_at],
+                "expires_at": [expires_at],
+            },
+            schema=LEASES_SCHEMA,
+        )
         try:
-            write_deltalake(table, row, mode="overwrite", predicate=f"name = '{self.name}'",
-                            commit_properties=CommitProperties(max_commit_retries=0))
+            write_deltalake(
+                table,
+                row,
+                mode="overwrite",
+                predicate=f"name = '{self.name}'",
+                commit_properties=CommitProperties(max_commit_retries=0),
+            )
         except CommitFailedError:
             # Another writer committed first: whoever it was now holds the lease (or just renewed theirs).
             holder = self.holder()
@@ -145,8 +169,10 @@ class Lease:
     def _tidy(self, table: DeltaTable) -> None:
         """Delete the replaced rows' files and the log entries older than KEEP_HOURS (the log's by the table's own
         retention, which is set here the first time)."""
-        retention = {f"delta.{key}": f"interval {KEEP_HOURS} hours"
-                     for key in ("logRetentionDuration", "deletedFileRetentionDuration")}
+        retention = {
+            f"delta.{key}": f"interval {KEEP_HOURS} hours"
+            for key in ("logRetentionDuration", "deletedFileRetentionDuration")
+        }
         if any(table.metadata().configuration.get(key) != value for key, value in retention.items()):
             table.alter.set_table_properties(retention)
         table.vacuum(retention_hours=KEEP_HOURS, enforce_retention_duration=False, dry_run=False)
@@ -155,5 +181,7 @@ class Lease:
 
     def _held_message(self, holder: Holder) -> str:
         left = max(0.0, holder.expires_at - time.time())
-        return (f"{self.name} lease of {self.uri.removesuffix('/' + LEASES)} is held by {holder.owner} "
-                f"(expires in {left:.0f}s unless renewed); only one ingestor writes a lake")
+        return (
+            f"{self.name} lease of {self.uri.removesuffix('/' + LEASES)} is held by {holder.owner} "
+            f"(expires in {left:.0f}s unless renewed); only one ingestor writes a lake"
+        )

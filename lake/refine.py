@@ -28,14 +28,21 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
 
 from streams.events import (
-    EVENT_TYPES, KIND_OF_TOPIC, TOPICS, Event, EventDecodeError, content_digest, decode, field_types,
+    EVENT_TYPES,
+    KIND_OF_TOPIC,
+    TOPICS,
+    Event,
+    EventDecodeError,
+    content_digest,
+    decode,
+    field_types,
 )
 
 from .expectations import MAX_ID_CHARS, REFERS_TO_TASK, SuiteRunner
@@ -66,7 +73,12 @@ class RawRecord:
         return (self.cluster, self.topic, self.partition, self.offset)
 
     def kafka_columns(self) -> dict:
-        return {"kafka_cluster": self.cluster, "kafka_partition": self.partition, "kafka_offset": self.offset, "kafka_timestamp": self.timestamp}
+        return {
+            "kafka_cluster": self.cluster,
+            "kafka_partition": self.partition,
+            "kafka_offset": self.offset,
+            "kafka_timestamp": self.timestamp,
+        }
 
 
 @dataclass
@@ -112,7 +124,7 @@ class RefineState:
     registered: set[tuple[str, int]] = field(default_factory=set)  # (model_kind, version) in the registry
 
     @classmethod
-    def load(cls, lake: Lake, watermark: Watermark) -> "RefineState":
+    def load(cls, lake: Lake, watermark: Watermark) -> RefineState:
         """Derive the state from the tables as they stand after the last refine commit."""
         state = cls()
 
@@ -152,14 +164,18 @@ class RefineState:
             marks = watermark.get(topic, {})
             if not marks:
                 continue
-            done = pl.concat([
-                frame(silver(kind), coordinates),
-                quarantined.filter(pl.col("topic") == topic).select(coordinates),
-            ])
+            done = pl.concat(
+                [
+                    frame(silver(kind), coordinates),
+                    quarantined.filter(pl.col("topic") == topic).select(coordinates),
+                ]
+            )
             held = (
-                scan(f"bronze/{topic}").filter(refined(marks))
+                scan(f"bronze/{topic}")
+                .filter(refined(marks))
                 .join(done.lazy(), on=coordinates, how="anti")
-                .sort(coordinates).collect()
+                .sort(coordinates)
+                .collect()
             )
             for row in held.iter_rows(named=True):
                 record = bronze_record(row)
@@ -177,13 +193,22 @@ def refined(marks: dict[str, dict[int, int]]) -> pl.Expr:
     """Bronze rows at or before the refine watermark of their log (`marks`: cluster -> partition -> offset)."""
     terms = [
         (pl.col("kafka_cluster") == cluster) & (pl.col("kafka_partition") == p) & (pl.col("kafka_offset") <= o)
-        for cluster, parts in marks.items() for p, o in parts.items()
+        for cluster, parts in marks.items()
+        for p, o in parts.items()
     ]
     return pl.any_horizontal(terms) if terms else pl.lit(False)
 
 
 def bronze_record(row: dict) -> RawRecord:
-    return RawRecord(row["kafka_cluster"], row["topic"], row["kafka_partition"], row["kafka_offset"], row["kafka_timestamp"], row["key"], row["value"])
+    return RawRecord(
+        row["kafka_cluster"],
+        row["topic"],
+        row["kafka_partition"],
+        row["kafka_offset"],
+        row["kafka_timestamp"],
+        row["key"],
+        row["value"],
+    )
 
 
 def _silver_row(event: Event, record: RawRecord) -> dict:
@@ -220,32 +245,58 @@ def quarantine_row(record: RawRecord, reason: str, checks: list[str], payload: d
 
 def d_train_row(rollout: dict, reward: dict) -> dict:
     return {
-        "rollout_id": rollout["rollout_id"], "task_id": rollout["task_id"], "run_id": rollout["run_id"],
-        "epoch": rollout["epoch"], "group_index": rollout["group_index"],
-        "agent_model_version": rollout["agent_model_version"], "prompt": rollout["prompt"],
-        "completion": rollout["completion"], "completion_token_ids": rollout["completion_token_ids"],
-        "behaviour_logprobs": rollout["behaviour_logprobs"], "temperature": rollout.get("temperature"),
+        "rollout_id": rollout["rollout_id"],
+        "task_id": rollout["task_id"],
+        "run_id": rollout["run_id"],
+        "epoch": rollout["epoch"],
+        "group_index": rollout["group_index"],
+        "agent_model_version": rollout["agent_model_version"],
+        "prompt": rollout["prompt"],
+        "completion": rollout["completion"],
+        "completion_token_ids": rollout["completion_token_ids"],
+        "behaviour_logprobs": rollout["behaviour_logprobs"],
+        "temperature": rollout.get("temperature"),
         "reward": reward["reward"],
-        "success": reward["success"], "checker_detail": reward["checker_detail"],
-        "rollout_event_id": rollout["event_id"], "reward_event_id": reward["event_id"],
+        "success": reward["success"],
+        "checker_detail": reward["checker_detail"],
+        "rollout_event_id": rollout["event_id"],
+        "reward_event_id": reward["event_id"],
     }
 
 
 def d_env_row(task: dict, batch: dict) -> dict:
     return {
-        "task_id": task["task_id"], "batch_id": batch["batch_id"], "run_id": task["run_id"], "epoch": task["epoch"],
-        "domain": task["domain"], "env_model_version": task["env_model_version"], "sim_prompt": task["sim_prompt"],
-        "raw_generation": task["raw_generation"], "task_prompt": task["task_prompt"], "valid": task["valid"],
-        "difficulty_json": task["difficulty_json"], "granularity": batch["granularity"], "p_hat": batch["p_hat"],
-        "env_reward": batch["env_reward"], "weight": batch["weight"], "filtered": batch["filtered"],
-        "task_event_id": task["event_id"], "batch_event_id": batch["event_id"],
+        "task_id": task["task_id"],
+        "batch_id": batch["batch_id"],
+        "run_id": task["run_id"],
+        "epoch": task["epoch"],
+        "domain": task["domain"],
+        "env_model_version": task["env_model_version"],
+        "sim_prompt": task["sim_prompt"],
+        "raw_generation": task["raw_generation"],
+        "task_prompt": task["task_prompt"],
+        "valid": task["valid"],
+        "difficulty_json": task["difficulty_json"],
+        "granularity": batch["granularity"],
+        "p_hat": batch["p_hat"],
+        "env_reward": batch["env_reward"],
+        "weight": batch["weight"],
+        "filtered": batch["filtered"],
+        "task_event_id": task["event_id"],
+        "batch_event_id": batch["event_id"],
     }
 
 
 class Refiner:
-    def __init__(self, state: RefineState, runner: SuiteRunner | None = None, max_wait_s: float = 30.0,
-                 max_pending: int = 100_000, landed_digests: LandedDigests | None = None,
-                 checkpoint_files: LakeFiles | None = None):
+    def __init__(
+        self,
+        state: RefineState,
+        runner: SuiteRunner | None = None,
+        max_wait_s: float = 30.0,
+        max_pending: int = 100_000,
+        landed_digests: LandedDigests | None = None,
+        checkpoint_files: LakeFiles | None = None,
+    ):
         self.state = state
         self.runner = runner or SuiteRunner()
         self.max_wait_s = max_wait_s
@@ -267,8 +318,10 @@ class Refiner:
                 continue
             except Exception as exc:  # noqa: BLE001 (a record must never stop the ingestor; decode has a bug)
                 log.exception("decoding %s failed", record.coordinates)
-                out.add(QUARANTINE, quarantine_row(record, f"decode_error: {exc.__class__.__name__}: {exc}"[:500],
-                                                   ["decode_error"]))
+                out.add(
+                    QUARANTINE,
+                    quarantine_row(record, f"decode_error: {exc.__class__.__name__}: {exc}"[:500], ["decode_error"]),
+                )
                 refused["decode_error"] += 1
                 continue
             if event.TOPIC != record.topic:
@@ -278,8 +331,10 @@ class Refiner:
                 continue
             by_kind[event.KIND].append(Parsed(record, event, now))
         decoded = sum(len(v) for v in by_kind.values())
-        out.add(VALIDATIONS, self._validation_row(seq, "envelope", "genenv.contract", len(records), decoded,
-                                                  dict(refused), now))
+        out.add(
+            VALIDATIONS,
+            self._validation_row(seq, "envelope", "genenv.contract", len(records), decoded, dict(refused), now),
+        )
         for kind in KIND_ORDER:
             ready = by_kind.get(kind, [])
             if kind in REFERS_TO_TASK:
@@ -335,12 +390,15 @@ class Refiner:
         state.seen_ids[kind].update(row["event_id"] for row in silver_rows)
         if kind == "task":
             state.known_tasks.update(row["task_id"] for row in silver_rows)
-        out.add(VALIDATIONS, self._validation_row(seq, kind, f"genenv.{kind}", len(rows), len(silver_rows),
-                                                  dict(counts), now))
+        out.add(
+            VALIDATIONS,
+            self._validation_row(seq, kind, f"genenv.{kind}", len(rows), len(silver_rows), dict(counts), now),
+        )
         self._to_gold(kind, silver_rows, out)
 
-    def _verdict(self, kind: str, events: list[Event], unknown: list[str] | None
-                 ) -> tuple[dict[int, tuple[str, list[str]]], Counter]:
+    def _verdict(
+        self, kind: str, events: list[Event], unknown: list[str] | None
+    ) -> tuple[dict[int, tuple[str, list[str]]], Counter]:
         """Row position -> (reason, failed checks), and counts per check. A suite that cannot be evaluated on
         the frame is run on each half, down to single rows, so only the rows that break it are refused."""
         runner = self.runner
@@ -348,7 +406,9 @@ class Refiner:
             verdict = runner.run(kind, runner.frame(kind, events), runner.suite(kind, unknown))
         except Exception as exc:  # noqa: BLE001 (SuiteError, or anything pandas/GX raise on a frame)
             if len(events) == 1:
-                return {0: (f"suite_error: {exc.__class__.__name__}: {exc}"[:500], ["suite_error"])}, Counter(suite_error=1)
+                return {0: (f"suite_error: {exc.__class__.__name__}: {exc}"[:500], ["suite_error"])}, Counter(
+                    suite_error=1
+                )
             half = len(events) // 2
             failed, counts = self._verdict(kind, events[:half], unknown)
             more, more_counts = self._verdict(kind, events[half:], unknown)
@@ -390,8 +450,10 @@ class Refiner:
 
     def _registry_refusal(self, event) -> tuple[str, str] | None:
         if (event.model_kind, event.version) in self.state.registered:
-            return ("registry_version_taken",
-                    f"registry_version_taken: {event.model_kind} v{event.version} is already registered")
+            return (
+                "registry_version_taken",
+                f"registry_version_taken: {event.model_kind} v{event.version} is already registered",
+            )
         if self.checkpoint_files is None:
             return "registry_files", "registry_files: this ingestor has no lake to find checkpoints in"
         return registry_refusal(self.checkpoint_files, event.model_kind, event.version, event.path, event.sha256)
@@ -417,6 +479,7 @@ class Refiner:
                 out.add(QUARANTINE, quarantine_row(parsed.record, reason, ["arrow"], parsed.event))
                 counts["arrow"] += 1
         return kept
+
     def _to_gold(self, kind: str, rows: list[dict], out: RefineOutput) -> None:
         """Join each new silver row with its partner if it has landed, else leave it waiting for it."""
         state = self.state
@@ -432,21 +495,39 @@ class Refiner:
             if kind == "rollout":
                 join(row["rollout_id"], row, state.rollouts_waiting, state.rewards_waiting, D_TRAIN, d_train_row)
             elif kind == "reward":
-                join(row["rollout_id"], row, state.rewards_waiting, state.rollouts_waiting, D_TRAIN,
-                     lambda reward, rollout: d_train_row(rollout, reward))
+                join(
+                    row["rollout_id"],
+                    row,
+                    state.rewards_waiting,
+                    state.rollouts_waiting,
+                    D_TRAIN,
+                    lambda reward, rollout: d_train_row(rollout, reward),
+                )
             elif kind == "task":
                 join(row["task_id"], row, state.tasks_waiting, state.batches_waiting, D_ENV, d_env_row)
             elif kind == "batch":
                 for task_id in row["task_ids"]:
-                    join(task_id, row, state.batches_waiting, state.tasks_waiting, D_ENV,
-                         lambda batch, task: d_env_row(task, batch))
+                    join(
+                        task_id,
+                        row,
+                        state.batches_waiting,
+                        state.tasks_waiting,
+                        D_ENV,
+                        lambda batch, task: d_env_row(task, batch),
+                    )
             elif kind == "checkpoint":
                 out.add(CHECKPOINTS, {k: v for k, v in row.items() if not k.startswith("kafka_")})
 
     @staticmethod
     def _validation_row(seq: int, kind: str, suite: str, rows: int, passed: int, counts: dict, now: float) -> dict:
         return {
-            "refine_seq": seq, "kind": kind, "suite": suite, "rows": rows, "passed": passed,
-            "failed": rows - passed, "unexpected_counts": json.dumps(counts, sort_keys=True),
-            "success": passed == rows, "validated_at": datetime.fromtimestamp(now, tz=timezone.utc),
+            "refine_seq": seq,
+            "kind": kind,
+            "suite": suite,
+            "rows": rows,
+            "passed": passed,
+            "failed": rows - passed,
+            "unexpected_counts": json.dumps(counts, sort_keys=True),
+            "success": passed == rows,
+            "validated_at": datetime.fromtimestamp(now, tz=UTC),
         }

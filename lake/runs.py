@@ -2,8 +2,9 @@
 
 Many readers ask this, some often: the async simulator every second while it waits for a round to be scored,
 the rollout and reward workers on their polls, the launcher before it calls a run whole, and both resumes
-(sync and async) to find where a run stopped. They all read it here, from lazy scans that keep only the run's rows and the columns asked for: a run that
-streams for days has silver tables that no worker should read whole once a second.
+(sync and async) to find where a run stopped. They all read it here, from lazy scans that keep only the run's
+rows and the columns asked for: a run that streams for days has silver tables that no worker should read whole
+once a second.
 
 Invariants:
 - a run's rows are its rounds' rows: the warm start's tasks and rollouts carry the run id but are not
@@ -33,7 +34,9 @@ class RunRows:
         of_run = (pl.col("run_id") == self.run_id) & (pl.col("producer") != "warm-start")
         return self.lake.scan(silver(kind)).filter(of_run if where is None else of_run & where)
 
-    def _first_of_each(self, kind: str, key: str, columns: tuple[str, ...], where: pl.Expr | None = None) -> pl.LazyFrame:
+    def _first_of_each(
+        self, kind: str, key: str, columns: tuple[str, ...], where: pl.Expr | None = None
+    ) -> pl.LazyFrame:
         """The first row of each `key` among the run's rows that meet `where`; all columns unless some are named
         (the key always comes with them)."""
         rows = self._scan(kind, where).unique(key, keep="first", maintain_order=True)
@@ -58,8 +61,11 @@ class RunRows:
 
     def scored_ids(self) -> pl.LazyFrame:
         """One column, task_id: every task a BatchScored of the run names."""
-        return self._first_of_each("batch", "batch_id", ("task_ids",)).select(
-            pl.col("task_ids").explode().alias("task_id")).unique()
+        return (
+            self._first_of_each("batch", "batch_id", ("task_ids",))
+            .select(pl.col("task_ids").explode().alias("task_id"))
+            .unique()
+        )
 
     def unscored_tasks(self, *columns: str) -> pl.LazyFrame:
         """The run's valid tasks that no BatchScored covers yet."""
@@ -77,8 +83,11 @@ class RunRows:
     def outcomes(self) -> list[tuple[dict, bool]]:
         """(difficulty, success) of every scored rollout of the run's valid tasks, oldest first: the simulator's
         history of how its tasks went."""
-        scored = (self.rewards("task_id", "success", "produced_at")
-                  .join(self.tasks("difficulty_json"), on="task_id").sort("produced_at")
-                  .select("difficulty_json", "success").collect())
+        scored = (
+            self.rewards("task_id", "success", "produced_at")
+            .join(self.tasks("difficulty_json"), on="task_id")
+            .sort("produced_at")
+            .select("difficulty_json", "success")
+            .collect()
+        )
         return [(json.loads(d or "{}"), bool(ok)) for d, ok in scored.iter_rows()]
-

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import polars as pl
 
@@ -47,12 +47,14 @@ def versions(lake: Lake, table: str) -> list[TableVersion]:
         meta = {k: v for k, v in commit.items() if k not in {"version", "timestamp", "operation"}}
         if COMMIT_RECORD_KEY in meta:
             meta[COMMIT_RECORD_KEY] = json.loads(meta[COMMIT_RECORD_KEY])
-        out.append(TableVersion(
-            version=commit["version"],
-            timestamp=datetime.fromtimestamp(commit["timestamp"] / 1000, tz=timezone.utc),
-            operation=commit.get("operation", ""),
-            metadata=meta,
-        ))
+        out.append(
+            TableVersion(
+                version=commit["version"],
+                timestamp=datetime.fromtimestamp(commit["timestamp"] / 1000, tz=UTC),
+                operation=commit.get("operation", ""),
+                metadata=meta,
+            )
+        )
     return sorted(out, key=lambda v: v.version)
 
 
@@ -61,8 +63,13 @@ def status(lake: Lake) -> list[dict]:
     rows = []
     for name in sorted(SCHEMAS):
         dt = lake.delta(name)
-        rows.append({"table": name, "version": dt.version(),
-                     "rows": lake.scan(name, version=dt.version()).select(pl.len()).collect().item()})
+        rows.append(
+            {
+                "table": name,
+                "version": dt.version(),
+                "rows": lake.scan(name, version=dt.version()).select(pl.len()).collect().item(),
+            }
+        )
     return rows
 
 

@@ -43,8 +43,14 @@ from obstore.exceptions import AlreadyExistsError
 from obstore.store import from_url
 
 REMOTE_SCHEMES = ("s3",)
-OPTION_NAMES = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                "AWS_ALLOW_HTTP")
+OPTION_NAMES = (
+    "AWS_ENDPOINT_URL",
+    "AWS_REGION",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ALLOW_HTTP",
+)
 CHUNK = 8 << 20  # bytes per write when a file is downloaded
 WEIGHT_SUFFIXES = (".safetensors", "weights.sha256")  # uploaded last (see the invariants)
 
@@ -157,7 +163,9 @@ class LakeFiles:
         if not self.remote:
             return
         folder = self.local(relative)
-        files = sorted((p for p in folder.rglob("*") if p.is_file()), key=lambda p: (p.name.endswith(WEIGHT_SUFFIXES), str(p)))
+        files = sorted(
+            (p for p in folder.rglob("*") if p.is_file()), key=lambda p: (p.name.endswith(WEIGHT_SUFFIXES), str(p))
+        )
         try:
             for path in files:
                 obstore.put(self._store, f"{relative}/{path.relative_to(folder).as_posix()}", path)
@@ -175,7 +183,7 @@ class LakeFiles:
         try:
             for batch in obstore.list(self._store, prefix=f"{relative}/"):
                 for item in batch:
-                    target = partial / item["path"][len(relative) + 1:]
+                    target = partial / item["path"][len(relative) + 1 :]
                     target.parent.mkdir(parents=True, exist_ok=True)
                     with open(target, "wb") as out:  # streamed: a weights shard is gigabytes
                         for chunk in obstore.get(self._store, item["path"]).stream(min_chunk_size=CHUNK):

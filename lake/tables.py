@@ -19,7 +19,6 @@ the start and readers never meet a missing table.
 from __future__ import annotations
 
 import contextlib
-
 import types
 import typing
 from pathlib import Path
@@ -142,9 +141,7 @@ D_ENV_SCHEMA = pa.schema(
     ]
 )
 
-CHECKPOINTS_SCHEMA = pa.schema(
-    [f for f in event_schema("checkpoint") if f.name not in {c.name for c in KAFKA_COLUMNS}]
-)
+CHECKPOINTS_SCHEMA = pa.schema([f for f in event_schema("checkpoint") if f.name not in {c.name for c in KAFKA_COLUMNS}])
 
 # Offline benchmark results (genenv eval): measurements of a model, written by the harness directly (they are
 # not part of the co-evolution's event log), one row per metric and one per scored item.
@@ -212,7 +209,12 @@ SCHEMAS: dict[str, pa.Schema] = {
 # Tables the refine step writes, in the order it writes them. VALIDATIONS is last:
 # its commit is the commit record of a refine step (see lake/ingest.py).
 DERIVED_TABLES: tuple[str, ...] = (
-    *(silver(kind) for kind in SILVER_KINDS), QUARANTINE, D_TRAIN, D_ENV, CHECKPOINTS, VALIDATIONS,
+    *(silver(kind) for kind in SILVER_KINDS),
+    QUARANTINE,
+    D_TRAIN,
+    D_ENV,
+    CHECKPOINTS,
+    VALIDATIONS,
 )
 
 
@@ -259,7 +261,7 @@ class Lake:
             self.ensure()
         else:
             with contextlib.suppress(LakeError):  # a lake from an older genenv gains the tables added since;
-                self.ensure()                     # one this process may not write is read as it is
+                self.ensure()  # one this process may not write is read as it is
 
     def uri(self, table: str) -> str:
         return f"{self.root}/{table}"
@@ -286,15 +288,22 @@ class Lake:
                 Path(self.root).mkdir(parents=True, exist_ok=True)
             for name, schema in SCHEMAS.items():
                 if not self.exists(name):
-                    DeltaTable.create(self.uri(name), schema, mode="ignore", name=name.replace("/", "_"),
-                                      storage_options=self.storage_options)
+                    DeltaTable.create(
+                        self.uri(name),
+                        schema,
+                        mode="ignore",
+                        name=name.replace("/", "_"),
+                        storage_options=self.storage_options,
+                    )
                 else:
                     self._add_missing_columns(name, schema)
             self.files.check_writable()
         except LakeError:
             raise
         except Exception as exc:  # noqa: BLE001 (OSError, DeltaError, ...: whatever the storage said, in one line)
-            raise LakeError(f"cannot create a lake at {self.root}: {getattr(exc, 'strerror', None) or first_line(exc)}") from None
+            raise LakeError(
+                f"cannot create a lake at {self.root}: {getattr(exc, 'strerror', None) or first_line(exc)}"
+            ) from None
 
     def _add_missing_columns(self, name: str, schema: pa.Schema) -> None:
         """A table from an older genenv gains the columns added since (nullable: its old rows have none)."""

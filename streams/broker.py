@@ -4,8 +4,8 @@ When no bootstrap servers are configured (flag or GENENV_KAFKA_BOOTSTRAP), the
 CLI starts one on a free loopback port with memory storage, waits until it
 answers a Kafka metadata request, and stops it when the process exits: on
 return, on Ctrl-C, on an exception, and (through atexit and a SIGTERM handler)
-when the interpreter shuts down (the CLI turns SIGTERM into a normal exit). The broker's contents die with it; the durable
-record of a run is the lake's bronze tables.
+when the interpreter shuts down (the CLI turns SIGTERM into a normal exit). The broker's contents die with it;
+the durable record of a run is the lake's bronze tables.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def free_port() -> int:
 
 
 def parse_bootstrap(bootstrap: str) -> list[tuple[str, int]]:
-    """"host:port[,host:port...]" as (host, port) pairs; BrokerError naming what is wrong."""
+    """ "host:port[,host:port...]" as (host, port) pairs; BrokerError naming what is wrong."""
     servers = []
     for server in bootstrap.split(","):
         host, _, port = server.strip().rpartition(":")
@@ -97,8 +97,10 @@ def require_broker(bootstrap: str, wait_s: float | None = None) -> str:
     deadline = time.monotonic() + wait_s
     while not broker_answers(bootstrap, timeout_s=min(2.0, wait_s)):
         if time.monotonic() >= deadline:
-            raise BrokerError(f"no Kafka broker answered at {bootstrap} within {wait_s:.0f}s "
-                              f"(check --bootstrap or ${BOOTSTRAP_ENV}; without either, a local broker is started)")
+            raise BrokerError(
+                f"no Kafka broker answered at {bootstrap} within {wait_s:.0f}s "
+                f"(check --bootstrap or ${BOOTSTRAP_ENV}; without either, a local broker is started)"
+            )
         time.sleep(0.5)
     return bootstrap
 
@@ -128,13 +130,25 @@ class LocalBroker:
         self.cluster_id = f"genenv-local-{uuid.uuid4().hex[:12]}"
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "LocalBroker":
+    def start(self) -> LocalBroker:
         url = f"tcp://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
-            [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/",
-             "--cluster-id", self.cluster_id, "--silent"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [
+                str(tansu_binary()),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+                "--cluster-id",
+                self.cluster_id,
+                "--silent",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
             start_new_session=True,  # a terminal's Ctrl-C reaches the command, which stops the broker last
         )
         _live_brokers.add(self)
@@ -145,7 +159,9 @@ class LocalBroker:
                 err = process.stderr.read().decode(errors="replace").strip() if process.stderr else ""
                 self.stop()
                 last = err.splitlines()[-1][-300:] if err else "no message"
-                raise BrokerError(f"local broker on port {self.port} exited at start (code {process.returncode}): {last}")
+                raise BrokerError(
+                    f"local broker on port {self.port} exited at start (code {process.returncode}): {last}"
+                )
             if broker_answers(self.bootstrap, timeout_s=1.0):
                 return self
             time.sleep(0.1)
@@ -164,7 +180,7 @@ class LocalBroker:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def __enter__(self) -> "LocalBroker":
+    def __enter__(self) -> LocalBroker:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -190,8 +190,8 @@ class WorkerRestarted(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.KIND: cls for cls in (TaskGenerated, RolloutCompleted, RewardScored, BatchScored, CheckpointPublished,
-                              WorkerRestarted)
+    cls.KIND: cls
+    for cls in (TaskGenerated, RolloutCompleted, RewardScored, BatchScored, CheckpointPublished, WorkerRestarted)
 }
 TOPICS: dict[str, str] = {kind: cls.TOPIC for kind, cls in EVENT_TYPES.items()}
 KIND_OF_TOPIC: dict[str, str] = {topic: kind for kind, topic in TOPICS.items()}
@@ -225,8 +225,11 @@ def field_types(cls: type[Event]) -> dict[str, Any]:
 @functools.cache
 def required_fields(cls: type[Event]) -> tuple[str, ...]:
     """Fields a payload must carry: those without a default, and the envelope (schema, event_id)."""
-    own = tuple(f.name for f in dataclasses.fields(cls)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    own = tuple(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
     return own + ("schema", "event_id")
 
 
@@ -246,8 +249,11 @@ def field_rules(cls: type[Event]) -> dict[str, FieldRule]:
     """Field name -> its rule; annotations are a scalar, an optional scalar or a list of scalars."""
     rules = {}
     for name, annotation in field_types(cls).items():
-        arms = set(typing.get_args(annotation)) if typing.get_origin(annotation) in (types.UnionType, typing.Union) \
+        arms = (
+            set(typing.get_args(annotation))
+            if typing.get_origin(annotation) in (types.UnionType, typing.Union)
             else {annotation}
+        )
         is_list = any(typing.get_origin(a) is list for a in arms)
         if is_list:
             (arms,) = [set(typing.get_args(a)) for a in arms if typing.get_origin(a) is list]
@@ -317,12 +323,14 @@ def event_class(payload: dict[str, Any]) -> type[Event]:
     schema = payload.get("schema")
     if type(schema) is not str or not schema.startswith("genenv.") or "/" not in schema:
         raise EventDecodeError("unknown_schema", f"missing or malformed schema field {_shown(schema)}")
-    kind, _, version = schema[len("genenv."):].partition("/")
+    kind, _, version = schema[len("genenv.") :].partition("/")
     if kind not in EVENT_TYPES:
         raise EventDecodeError("unknown_schema", f"unknown event kind {_shown(kind)} in schema {_shown(schema)}")
     if version != str(SCHEMA_VERSION):
-        raise EventDecodeError("unknown_schema",
-                               f"unsupported schema version {_shown(version)} in {_shown(schema)} (this build reads /{SCHEMA_VERSION})")
+        raise EventDecodeError(
+            "unknown_schema",
+            f"unsupported schema version {_shown(version)} in {_shown(schema)} (this build reads /{SCHEMA_VERSION})",
+        )
     return EVENT_TYPES[kind]
 
 

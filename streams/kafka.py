@@ -17,9 +17,9 @@ import os
 from collections.abc import Iterable
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
 from .events import TOPICS, Event
@@ -30,15 +30,25 @@ ALL_TOPICS: tuple[str, ...] = tuple(TOPICS.values())
 DEFAULT_PARTITIONS = 3
 
 # Environment variable -> kafka-python client option (their names, upper-cased, after GENENV_KAFKA_).
-SECURITY_OPTIONS = ("security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
-                    "ssl_cafile", "ssl_certfile", "ssl_keyfile")
+SECURITY_OPTIONS = (
+    "security_protocol",
+    "sasl_mechanism",
+    "sasl_plain_username",
+    "sasl_plain_password",
+    "ssl_cafile",
+    "ssl_certfile",
+    "ssl_keyfile",
+)
 
 
 def security() -> dict[str, str]:
     """kafka-python security options from GENENV_KAFKA_SECURITY_PROTOCOL, GENENV_KAFKA_SASL_MECHANISM, ... (unset:
     plaintext, as the local broker speaks)."""
-    return {name: os.environ[f"GENENV_KAFKA_{name.upper()}"] for name in SECURITY_OPTIONS
-            if os.environ.get(f"GENENV_KAFKA_{name.upper()}")}
+    return {
+        name: os.environ[f"GENENV_KAFKA_{name.upper()}"]
+        for name in SECURITY_OPTIONS
+        if os.environ.get(f"GENENV_KAFKA_{name.upper()}")
+    }
 
 
 def ensure_topics(bootstrap: str, partitions: int = DEFAULT_PARTITIONS, topics: Iterable[str] = ALL_TOPICS) -> None:
@@ -95,7 +105,7 @@ class EventProducer:
         self._producer.flush()
         self._producer.close()
 
-    def __enter__(self) -> "EventProducer":
+    def __enter__(self) -> EventProducer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -110,8 +120,15 @@ def partitions_of(consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
 def _consumer_options(bootstrap: str, client_id: str, group_id: str | None, max_poll_records: int) -> dict:
     """What every genenv consumer shares: no auto-commit (progress is committed after the work, or kept in the
     lake), the beginning of the log when nothing is committed, and the deployment's security settings."""
-    return dict(bootstrap_servers=bootstrap, client_id=client_id, group_id=group_id, enable_auto_commit=False,
-                auto_offset_reset="earliest", max_poll_records=max_poll_records, **security())
+    return dict(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=max_poll_records,
+        **security(),
+    )
 
 
 def assigned_consumer(
@@ -132,8 +149,15 @@ def assigned_consumer(
     return consumer
 
 
-def group_consumer(bootstrap: str, topics: Iterable[str], group_id: str, client_id: str = "genenv",
-                   co_partitioned: bool = False, max_poll_records: int = 500, listener=None) -> KafkaConsumer:
+def group_consumer(
+    bootstrap: str,
+    topics: Iterable[str],
+    group_id: str,
+    client_id: str = "genenv",
+    co_partitioned: bool = False,
+    max_poll_records: int = 500,
+    listener=None,
+) -> KafkaConsumer:
     """A member of consumer group `group_id` subscribed to `topics`, starting from the group's committed offsets
     (a new group: from the beginning). Offsets are committed by the caller, after its work is published.
     listener: a kafka ConsumerRebalanceListener (told before partitions are taken away and after new ones come).

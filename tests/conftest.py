@@ -21,6 +21,22 @@ from lake import Lake  # noqa: E402
 from lake.expectations import SuiteRunner  # noqa: E402
 from streams import LocalBroker, ensure_topics  # noqa: E402
 
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test is in exactly one tier (docs/HACKING.md), so that `-m "not e2e"` and `-m unit` mean what they say."""
+    wrong = [
+        f"{item.nodeid}: {tiers or 'none'}"
+        for item in items
+        if len(tiers := sorted({m.name for m in item.iter_markers() if m.name in TIERS})) != 1
+    ]
+    if wrong:
+        raise pytest.UsageError(
+            "tests must carry exactly one tier marker (unit, integration, e2e): " + "; ".join(wrong)
+        )
+
+
 def _tansu_children() -> list[psutil.Process]:
     return [p for p in psutil.Process().children(recursive=True) if "tansu" in (p.name() or "")]
 
@@ -52,8 +68,14 @@ def lake(tmp_path) -> Lake:
 
 def genenv_cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
     """Run the installed CLI as a user would."""
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        **kwargs,
+    )
 
 
 def free_port() -> int:
@@ -89,7 +111,8 @@ def quick_run(tmp_path_factory):
     # A KL term (beta), with the groups whose rewards all agree kept (the quick profile's filter_groups = false),
     # makes every GRPO update move the weights even when a tiny model's groups are all right or all wrong (zero
     # advantages), so replaying an epoch has real updates to reproduce.
-    result = genenv_cli("run", "--profile", "quick", "--lake", str(root), "--seed", "1", "--set", "agent.beta=0.04",
-                        timeout=900)
+    result = genenv_cli(
+        "run", "--profile", "quick", "--lake", str(root), "--seed", "1", "--set", "agent.beta=0.04", timeout=900
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return Lake(root, create=False), result.stdout

@@ -10,6 +10,7 @@ import sys
 
 import polars as pl
 import pytest
+from conftest import free_port, genenv_cli, http_server
 from safetensors import safe_open
 
 from engine.domains import Verdict
@@ -17,7 +18,7 @@ from engine.domains.arith import Arith
 from engine.lineage import PLOTS, replay_epoch
 from lake import CHECKPOINTS, Lake, read_table, silver
 
-from conftest import free_port, genenv_cli, http_server
+pytestmark = pytest.mark.e2e
 
 
 def run_of(lake: Lake) -> str:
@@ -32,7 +33,7 @@ def test_replaying_every_epoch_reproduces_its_checkpoints_bit_for_bit(quick_run)
     for epoch in sorted(set(read_table(lake, silver("task"))["epoch"].to_list())):
         result = genenv_cli("replay", "--epoch", str(epoch), "--lake", lake.root, "--json", timeout=600)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-        answer = json.loads(result.stdout[result.stdout.index("{"):])
+        answer = json.loads(result.stdout[result.stdout.index("{") :])
         assert answer["ok"]
         for c in answer["checkpoints"]:
             assert c["replayed_sha256"] == c["recorded_sha256"], c
@@ -40,8 +41,13 @@ def test_replaying_every_epoch_reproduces_its_checkpoints_bit_for_bit(quick_run)
     assert replayed == {(r["model_kind"], r["version"]) for r in registered.iter_rows(named=True)}
     # Among them, GRPO updates that changed the weights (not only warm starts): the replay reproduced real training.
     sha = {(r["model_kind"], r["version"]): r["sha256"] for r in registered.iter_rows(named=True)}
-    moved = [r for r in registered.iter_rows(named=True)
-             if r["model_kind"] == "agent" and r["parent_version"] and sha[("agent", r["version"])] != sha[("agent", r["parent_version"])]]
+    moved = [
+        r
+        for r in registered.iter_rows(named=True)
+        if r["model_kind"] == "agent"
+        and r["parent_version"]
+        and sha[("agent", r["version"])] != sha[("agent", r["parent_version"])]
+    ]
     assert moved, "no GRPO update changed the agent's weights: the replay test would not test training"
     # ... and one of them continued its parent's optimiser (optimizer.pt), which the replay started from too.
     continued = [json.loads(r["metrics_json"])["optimizer"] for r in registered.iter_rows(named=True)]
@@ -72,8 +78,11 @@ def test_audit_of_a_task_lists_exactly_the_rollouts_and_rewards_the_lake_holds(q
     assert result.returncode == 0, result.stderr
     answer = json.loads(result.stdout)
 
-    expected = (rollouts.filter(pl.col("task_id") == task_id).join(rewards, on="rollout_id", suffix="_r")
-                .select("rollout_id", "completion", "reward", "success"))
+    expected = (
+        rollouts.filter(pl.col("task_id") == task_id)
+        .join(rewards, on="rollout_id", suffix="_r")
+        .select("rollout_id", "completion", "reward", "success")
+    )
     got = pl.DataFrame(answer["rollouts"]).select("rollout_id", "completion", "reward", "success")
     assert got.sort("rollout_id").equals(expected.sort("rollout_id"))
     batch = batches.filter(pl.col("task_ids").list.contains(task_id))
@@ -101,17 +110,22 @@ def test_audit_of_checkpoints_and_epochs_follows_the_registry(quick_run):
     assert epoch["tasks_generated"] == tasks.height
     assert epoch["valid_share"] == pytest.approx(tasks["valid"].mean(), abs=1e-4)
     assert {(c["kind"], c["version"]) for c in epoch["checkpoints"]} == {
-        (r["model_kind"], r["version"]) for r in read_table(lake, CHECKPOINTS).filter(pl.col("epoch") == 0).iter_rows(named=True)}
+        (r["model_kind"], r["version"])
+        for r in read_table(lake, CHECKPOINTS).filter(pl.col("epoch") == 0).iter_rows(named=True)
+    }
 
 
-@pytest.mark.parametrize("args, message", [
-    (("audit", "task", "no-such-task"), "no task 'no-such-task'"),
-    (("audit", "checkpoint", "agent", "99"), "no agent checkpoint version 99"),
-    (("audit", "checkpoint", "critic", "1"), "unknown model kind 'critic'"),
-    (("audit", "epoch", "99"), "has no epoch 99"),
-    (("replay", "--epoch", "99"), "has no epoch 99"),
-    (("audit", "epoch", "0", "--run", "nobody"), "no run 'nobody'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("audit", "task", "no-such-task"), "no task 'no-such-task'"),
+        (("audit", "checkpoint", "agent", "99"), "no agent checkpoint version 99"),
+        (("audit", "checkpoint", "critic", "1"), "unknown model kind 'critic'"),
+        (("audit", "epoch", "99"), "has no epoch 99"),
+        (("replay", "--epoch", "99"), "has no epoch 99"),
+        (("audit", "epoch", "0", "--run", "nobody"), "no run 'nobody'"),
+    ],
+)
 def test_unknown_ids_and_versions_give_one_line_errors(quick_run, args, message):
     lake, _ = quick_run
     result = genenv_cli(*args, "--lake", lake.root)
@@ -146,8 +160,12 @@ def test_rescore_with_a_changed_checker_reports_exactly_the_rows_whose_reward_ch
     assert result.rescored_rollouts == rollouts.height
 
     # Batches: a group's p_hat changes exactly when its flipped successes change its count of successes.
-    flipped = scored.with_columns(pl.when(pl.col("completion").str.contains("8")).then(~pl.col("success"))
-                                  .otherwise(pl.col("success")).alias("new_success"))
+    flipped = scored.with_columns(
+        pl.when(pl.col("completion").str.contains("8"))
+        .then(~pl.col("success"))
+        .otherwise(pl.col("success"))
+        .alias("new_success")
+    )
     batches = read_table(lake, silver("batch")).filter(generated)
     changed = set()
     for b in batches.iter_rows(named=True):
@@ -164,8 +182,9 @@ def test_rescore_with_a_changed_checker_reports_exactly_the_rows_whose_reward_ch
 def ui_server(quick_run):
     lake, _ = quick_run
     port = free_port()
-    process = http_server([sys.executable, "-m", "engine.cli", "ui", "--lake", lake.root, "--port", str(port)], port,
-                          "genenv ui")
+    process = http_server(
+        [sys.executable, "-m", "engine.cli", "ui", "--lake", lake.root, "--port", str(port)], port, "genenv ui"
+    )
     yield f"http://127.0.0.1:{port}"
     process.terminate()
     process.wait(timeout=10)
@@ -183,9 +202,18 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1280,1200"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1200",
+    ):
         options.add_argument(flag)
     session = webdriver.Chrome(service=Service(driver), options=options)
     yield session
@@ -200,7 +228,8 @@ def test_the_browser_finds_a_task_by_id_and_sees_its_rollouts(quick_run, ui_serv
     def arrive(title: str) -> None:
         """Wait until the browser shows the page titled `title` (a click navigates asynchronously)."""
         WebDriverWait(browser, 30, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)).until(
-            lambda b: b.find_element(By.TAG_NAME, "h1").text == title)
+            lambda b: b.find_element(By.TAG_NAME, "h1").text == title
+        )
 
     lake, _ = quick_run
     rollouts = read_table(lake, silver("rollout")).filter(pl.col("producer") != "warm-start")
@@ -220,8 +249,12 @@ def test_the_browser_finds_a_task_by_id_and_sees_its_rollouts(quick_run, ui_serv
     arrive(f"run {run_of(lake)}")
     assert browser.find_elements(By.CSS_SELECTOR, "#epochs tr")
     plots = browser.find_elements(By.TAG_NAME, "img")
-    WebDriverWait(browser, 30).until(lambda b: all(b.execute_script("return arguments[0].complete", img) for img in plots))
-    assert len(plots) == len(PLOTS) and all(browser.execute_script("return arguments[0].naturalWidth", img) > 0 for img in plots)
+    WebDriverWait(browser, 30).until(
+        lambda b: all(b.execute_script("return arguments[0].complete", img) for img in plots)
+    )
+    assert len(plots) == len(PLOTS) and all(
+        browser.execute_script("return arguments[0].naturalWidth", img) > 0 for img in plots
+    )
     browser.find_element(By.LINK_TEXT, "quarantine").click()
     arrive("quarantine")
     browser.find_element(By.LINK_TEXT, "evals").click()
@@ -232,8 +265,20 @@ def test_the_browser_finds_a_task_by_id_and_sees_its_rollouts(quick_run, ui_serv
 def test_a_bf16_run_on_the_cpu_trains_and_replays_bit_identically(tmp_path):
     """Mixed precision (dtype = bf16: fp32 master weights, bf16 compute and checkpoints) is as replayable as fp32."""
     root = tmp_path / "lake"
-    result = genenv_cli("run", "--profile", "quick", "--epochs", "1", "--lake", str(root), "--set", "dtype=bf16",
-                        "--set", "run_id=bf16-run", timeout=900)
+    result = genenv_cli(
+        "run",
+        "--profile",
+        "quick",
+        "--epochs",
+        "1",
+        "--lake",
+        str(root),
+        "--set",
+        "dtype=bf16",
+        "--set",
+        "run_id=bf16-run",
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     lake = Lake(root, create=False)
     registered = read_table(lake, CHECKPOINTS).filter(pl.col("run_id") == "bf16-run")
@@ -245,6 +290,6 @@ def test_a_bf16_run_on_the_cpu_trains_and_replays_bit_identically(tmp_path):
             assert {weights.get_slice(k).get_dtype() for k in weights.keys()} == {"BF16"}
     replay = genenv_cli("replay", "--epoch", "0", "--lake", str(root), "--run", "bf16-run", "--json", timeout=600)
     assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-2000:]
-    answer = json.loads(replay.stdout[replay.stdout.index("{"):])
+    answer = json.loads(replay.stdout[replay.stdout.index("{") :])
     assert answer["ok"] and len(answer["checkpoints"]) == registered.height
     assert all(c["replayed_sha256"] == c["recorded_sha256"] for c in answer["checkpoints"])

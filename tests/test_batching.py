@@ -9,6 +9,8 @@ import torch
 from trainers import load_model
 from trainers.batching import SharedPrefixBatch, completion_logps, pack, pack_shared
 
+pytestmark = pytest.mark.integration
+
 
 def groups(vocab: int, prompts: int, group: int, seed: int = 1) -> tuple[list[list[int]], list[list[int]]]:
     """`prompts` prompts of uneven lengths, each with `group` completions of uneven lengths (one a single token)."""

@@ -5,11 +5,12 @@ import time
 
 import psutil
 import pytest
+from conftest import ROOT, _tansu_children
 
 from streams import BrokerError, LocalBroker, kafka_bootstrap
 from streams.broker import broker_answers
 
-from conftest import ROOT, _tansu_children
+pytestmark = pytest.mark.integration
 
 
 def test_local_broker_starts_answers_and_stops_cleanly():
@@ -52,8 +53,12 @@ def test_kafka_clients_take_their_security_options_from_the_environment(monkeypa
     monkeypatch.setenv("GENENV_KAFKA_SASL_MECHANISM", "PLAIN")
     monkeypatch.setenv("GENENV_KAFKA_SASL_PLAIN_USERNAME", "ingest")
     monkeypatch.setenv("GENENV_KAFKA_SASL_PLAIN_PASSWORD", "secret")
-    assert security() == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
-                          "sasl_plain_username": "ingest", "sasl_plain_password": "secret"}
+    assert security() == {
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "PLAIN",
+        "sasl_plain_username": "ingest",
+        "sasl_plain_password": "secret",
+    }
 
 
 def test_a_configured_broker_that_does_not_answer_is_one_error_within_the_stated_wait(monkeypatch):
@@ -67,8 +72,13 @@ def test_a_configured_broker_that_does_not_answer_is_one_error_within_the_stated
 
 
 def test_genenv_broker_prints_its_address_and_stops_on_ctrl_c():
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "broker"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", "broker"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         address = None
         deadline = time.monotonic() + 60

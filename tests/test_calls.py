@@ -13,9 +13,15 @@ from engine.domains import Task, get_domain
 from engine.domains.calls import possible_answers, read_calls
 from engine.domains.toolcall import TOOLS
 
+pytestmark = pytest.mark.unit
+
 
 def call_text(calls: list[tuple[str, dict]]) -> str:
-    return "[" + ", ".join(f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")" for name, args in calls) + "]"
+    return (
+        "["
+        + ", ".join(f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")" for name, args in calls)
+        + "]"
+    )
 
 
 def altered(value):
@@ -73,7 +79,12 @@ def bfcl_items():
 def test_toolcall_and_bfcl_give_equal_verdicts_on_every_non_live_item_and_8_perturbations(bfcl_items):
     benchmark, items = bfcl_items
     toolcall = get_domain("toolcall")
-    assert Counter(i.category for i in items) == {"simple_python": 400, "multiple": 200, "parallel": 200, "parallel_multiple": 200}
+    assert Counter(i.category for i in items) == {
+        "simple_python": 400,
+        "multiple": 200,
+        "parallel": 200,
+        "parallel_multiple": 200,
+    }
     outcomes: Counter = Counter()
     for item in items:
         task = Task(prompt="", reference=item.data["ground_truth"], tools=item.data["functions"])
@@ -99,12 +110,15 @@ def test_a_toolcall_reference_means_the_same_to_the_matcher_as_its_bfcl_form():
     """The domain's own tasks go through the same matcher: a reference value is the one possible value, an
     optional parameter at its default may be left out, and one the reference leaves out only at its default."""
     weather = TOOLS["get_weather"]
-    assert possible_answers([{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "fahrenheit"}}], [weather]) == [
-        {"get_weather": {"city": ["Oslo"], "unit": ["fahrenheit"]}}]
+    assert possible_answers(
+        [{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "fahrenheit"}}], [weather]
+    ) == [{"get_weather": {"city": ["Oslo"], "unit": ["fahrenheit"]}}]
     assert possible_answers([{"name": "get_weather", "arguments": {"city": "Oslo"}}], [weather]) == [
-        {"get_weather": {"city": ["Oslo"], "unit": ["celsius", ""]}}]
+        {"get_weather": {"city": ["Oslo"], "unit": ["celsius", ""]}}
+    ]
     assert possible_answers([{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}], [weather]) == [
-        {"get_weather": {"city": ["Oslo"], "unit": ["celsius", ""]}}]
+        {"get_weather": {"city": ["Oslo"], "unit": ["celsius", ""]}}
+    ]
     toolcall = get_domain("toolcall")
     task = Task("", [{"name": "get_weather", "arguments": {"city": "Oslo"}}], tools=[weather])
     assert toolcall.check(task, "get_weather(city='OSLO')").success

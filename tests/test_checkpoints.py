@@ -6,13 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import test_trainers
 import torch
+from test_trainers import publish_epoch
 
 from lake import WEIGHTS, WEIGHTS_MANIFEST, LakeFiles, checkpoint_path, registry_refusal, weight_files
 from trainers import CheckpointError, load_model, load_verified
 from trainers.checkpoints import save_checkpoint
 
-from test_trainers import pool_lake, publish_epoch  # noqa: F401,F811 (pool_lake is a fixture, used by name)
+pytestmark = pytest.mark.integration
+
+pool_lake = test_trainers.pool_lake  # a fixture: pytest finds it by this name
 
 
 @pytest.fixture
@@ -59,18 +63,20 @@ def test_a_small_model_stays_one_file_whose_sha256_is_the_checkpoints(tmp_path):
 
     loaded = load_model("tiny", seed=4)
     sha = save_checkpoint(loaded.model, loaded.tokenizer, tmp_path / "v1", {"version": 1})
-    assert [f.name for f in weight_files(tmp_path / "v1")] == [WEIGHTS] and sha == file_sha256(tmp_path / "v1" / WEIGHTS)
+    assert [f.name for f in weight_files(tmp_path / "v1")] == [WEIGHTS] and sha == file_sha256(
+        tmp_path / "v1" / WEIGHTS
+    )
     assert not (tmp_path / "v1" / WEIGHTS_MANIFEST).exists()
 
 
 def test_pruning_keeps_the_last_versions_and_their_parents_says_why_and_keeps_every_registry_row(pool_lake, broker):
     """A chain v1 <- v2 <- v3: --keep-last 1 keeps v3 and its parent v2 (a replay of v3 retrains from it), deletes
     v1's folder only, and every registry row stays."""
+    from conftest import genenv_cli
+
+    from engine.coevolution import publish_checkpoint
     from lake import CHECKPOINTS, ingest, read_table
     from trainers import GRPOConfig, load_checkpoint, train_update
-
-    from conftest import genenv_cli
-    from engine.coevolution import publish_checkpoint
 
     # The toy epochs' rollouts all say agent version 0: stale for v2's update, which may take them.
     config = GRPOConfig(learning_rate=1e-3, per_device_train_batch_size=16, seed=7, max_staleness=5)

@@ -1,11 +1,12 @@
 """The command line as a user runs it: ingest, lake status, and one-line errors (the main job: test_engine.py)."""
 
 import pytest
-
+from conftest import genenv_cli
 from demo_events import epoch_events, publish
+
 from lake import Lake, read_pool
 
-from conftest import genenv_cli
+pytestmark = pytest.mark.integration
 
 
 def test_ingest_lands_published_epochs_then_status_reports_them(tmp_path, broker):
@@ -33,39 +34,72 @@ def test_bad_paths_and_values_stop_with_one_line(tmp_path):
 
 
 BAD_INVOCATIONS = {  # name: (arguments, what the one line says); LAKE is a path that must not be created
-    "lake_cannot_be_created_ingest": (["ingest", "--lake", "/proc/genenv-lake"], "cannot create a lake at /proc/genenv-lake"),
-    "lake_cannot_be_created_run": (["run", "--profile", "quick", "--lake", "/proc/genenv-lake"], "cannot create a lake"),
-    "lake_cannot_be_created_eval": (["eval", "--benchmark", "bfcl", "--model", "tiny", "--limit", "1",
-                                     "--lake", "/proc/genenv-lake"], "cannot create a lake"),
+    "lake_cannot_be_created_ingest": (
+        ["ingest", "--lake", "/proc/genenv-lake"],
+        "cannot create a lake at /proc/genenv-lake",
+    ),
+    "lake_cannot_be_created_run": (
+        ["run", "--profile", "quick", "--lake", "/proc/genenv-lake"],
+        "cannot create a lake",
+    ),
+    "lake_cannot_be_created_eval": (
+        ["eval", "--benchmark", "bfcl", "--model", "tiny", "--limit", "1", "--lake", "/proc/genenv-lake"],
+        "cannot create a lake",
+    ),
     "lake_is_a_file": (["ingest", "--lake", "FILE"], "not a directory"),
-    "unreachable_broker_ingest": (["ingest", "--lake", "LAKE", "--bootstrap", "127.0.0.1:1"],
-                                  "no Kafka broker answered at 127.0.0.1:1 within 1s"),
-    "unreachable_broker_run": (["run", "--profile", "quick", "--lake", "LAKE", "--bootstrap", "127.0.0.1:1"],
-                               "no Kafka broker answered"),
-    "unresolvable_broker": (["ingest", "--lake", "LAKE", "--bootstrap", "no-such-host.invalid:9092"], "no Kafka broker answered"),
+    "unreachable_broker_ingest": (
+        ["ingest", "--lake", "LAKE", "--bootstrap", "127.0.0.1:1"],
+        "no Kafka broker answered at 127.0.0.1:1 within 1s",
+    ),
+    "unreachable_broker_run": (
+        ["run", "--profile", "quick", "--lake", "LAKE", "--bootstrap", "127.0.0.1:1"],
+        "no Kafka broker answered",
+    ),
+    "unresolvable_broker": (
+        ["ingest", "--lake", "LAKE", "--bootstrap", "no-such-host.invalid:9092"],
+        "no Kafka broker answered",
+    ),
     "malformed_bootstrap": (["ingest", "--lake", "LAKE", "--bootstrap", "127.0.0.1:99999"], "not host:port"),
     "negative_max_wait": (["ingest", "--lake", "LAKE", "--max-wait", "-1"], "--max-wait must be >= 0"),
     "negative_idle_exit": (["ingest", "--lake", "LAKE", "--idle-exit", "-5"], "--idle-exit must be >= 0"),
     "broker_port_too_high": (["broker", "--port", "99999"], "--port must be in 0-65535"),
     "broker_port_negative": (["broker", "--port", "-5"], "--port must be in 0-65535"),
     "ui_port_too_high": (["ui", "--lake", "LAKE", "--port", "99999"], "--port must be in 1-65535"),
-    "ablation_unknown_mode": (["experiment", "ablation", "--lake", "LAKE", "--modes", "genenv,nope"], "--modes takes some of"),
+    "ablation_unknown_mode": (
+        ["experiment", "ablation", "--lake", "LAKE", "--modes", "genenv,nope"],
+        "--modes takes some of",
+    ),
     "replay_scratch_is_a_file": (["replay", "--epoch", "0", "--lake", "LAKE", "--scratch", "FILE"], "is a file"),
     # This machine has no CUDA (the suite runs on CPU): a run that asks for it stops before any model is loaded.
-    "vllm_without_cuda": (["run", "--profile", "quick", "--lake", "LAKE", "--set", "backend=vllm"],
-                          "backend = vllm cannot run here: CUDA is not available"),
-    "cuda_device_without_cuda": (["run", "--profile", "quick", "--lake", "LAKE", "--set", "device=cuda"],
-                                 "device cuda: CUDA is not available"),
-    "fsdp_on_cpu": (["train", "agent", "--lake", "LAKE", "--num-processes", "2", "--set", "fsdp=full_shard"],
-                    "fsdp='full_shard' shards over GPUs"),
-    "fsdp_with_lora": (["train", "agent", "--lake", "LAKE", "--set", "fsdp=full_shard", "--set", "use_peft=true"],
-                       "fsdp shards full fine-tuning"),
+    "vllm_without_cuda": (
+        ["run", "--profile", "quick", "--lake", "LAKE", "--set", "backend=vllm"],
+        "backend = vllm cannot run here: CUDA is not available",
+    ),
+    "cuda_device_without_cuda": (
+        ["run", "--profile", "quick", "--lake", "LAKE", "--set", "device=cuda"],
+        "device cuda: CUDA is not available",
+    ),
+    "fsdp_on_cpu": (
+        ["train", "agent", "--lake", "LAKE", "--num-processes", "2", "--set", "fsdp=full_shard"],
+        "fsdp='full_shard' shards over GPUs",
+    ),
+    "fsdp_with_lora": (
+        ["train", "agent", "--lake", "LAKE", "--set", "fsdp=full_shard", "--set", "use_peft=true"],
+        "fsdp shards full fine-tuning",
+    ),
     "fsdp_unknown": (["train", "env", "--lake", "LAKE", "--set", "fsdp=zero3"], "fsdp must be one of"),
-    "vllm_worker_without_cuda": (["worker", "rollout", "--run-id", "r1", "--lake", "LAKE", "--set", "backend=vllm"],
-                                 "backend = vllm cannot run here"),
-    "bad_dtype": (["run", "--profile", "quick", "--lake", "LAKE", "--set", "dtype=fp8"], "dtype must be auto, fp32, bf16, fp16"),
-    "plan_cannot_fit": (["run", "--profile", "quick", "--lake", "LAKE", "--set", "agent.per_device_train_batch_size=100000000"],
-                        "memory plan: does not fit"),
+    "vllm_worker_without_cuda": (
+        ["worker", "rollout", "--run-id", "r1", "--lake", "LAKE", "--set", "backend=vllm"],
+        "backend = vllm cannot run here",
+    ),
+    "bad_dtype": (
+        ["run", "--profile", "quick", "--lake", "LAKE", "--set", "dtype=fp8"],
+        "dtype must be auto, fp32, bf16, fp16",
+    ),
+    "plan_cannot_fit": (
+        ["run", "--profile", "quick", "--lake", "LAKE", "--set", "agent.per_device_train_batch_size=100000000"],
+        "memory plan: does not fit",
+    ),
 }
 
 
@@ -79,9 +113,24 @@ def test_the_memory_plan_prints_its_table_and_a_verdict():
     assert "fits:" in fits.stdout and "of 141 GiB per device (1 x 141 GiB cuda)" in fits.stdout
     small = genenv_cli("plan", "--profile", "paper", "--gpu-memory", "40", timeout=120)
     assert small.returncode == 0 and "does not fit" in small.stdout and "FSDP" in small.stdout
-    sharded = genenv_cli("plan", "--profile", "paper", "--gpus", "8", "--gpu-memory", "80", "--set", "agent.use_peft=false",
-                         "--set", "env.use_peft=false", "--set", "agent.fsdp=full_shard", "--set", "env.fsdp=full_shard",
-                         timeout=120)
+    sharded = genenv_cli(
+        "plan",
+        "--profile",
+        "paper",
+        "--gpus",
+        "8",
+        "--gpu-memory",
+        "80",
+        "--set",
+        "agent.use_peft=false",
+        "--set",
+        "env.use_peft=false",
+        "--set",
+        "agent.fsdp=full_shard",
+        "--set",
+        "env.fsdp=full_shard",
+        timeout=120,
+    )
     assert sharded.returncode == 0 and "FSDP" in sharded.stdout and "fits:" in sharded.stdout, sharded.stdout
     unknown = genenv_cli("plan", "--set", "agent_model=/no/such/model", timeout=120)
     assert unknown.returncode == 2 and "cannot plan memory for '/no/such/model'" in unknown.stderr

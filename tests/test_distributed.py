@@ -7,18 +7,18 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import genenv_cli
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import load_file
+from test_trainers import publish_epoch
 
 from lake import Lake, ingest, read_pool
 from trainers import load_model, registry
 from trainers.distributed import left_out, rank_batches
 
-from conftest import genenv_cli
-from test_trainers import publish_epoch
 
-
+@pytest.mark.unit
 @given(n=st.integers(0, 200), per_device=st.integers(1, 9), world=st.integers(1, 5))
 def test_ranks_take_disjoint_equal_deterministic_shares(n, per_device, world):
     order = list(range(n))
@@ -31,7 +31,7 @@ def test_ranks_take_disjoint_equal_deterministic_shares(n, per_device, world):
     assert left_out(n, per_device, world) < world
     assert shares == [rank_batches(order, per_device, rank, world) for rank in range(world)]
     if world == 1:
-        assert shares[0] == [order[i:i + per_device] for i in range(0, n, per_device)]
+        assert shares[0] == [order[i : i + per_device] for i in range(0, n, per_device)]
 
 
 @pytest.fixture
@@ -44,19 +44,51 @@ def two_lakes(broker, lake, runner, tmp_path) -> tuple[Lake, Lake]:
     return lake, Lake(copy, create=False)
 
 
-@pytest.mark.parametrize("kind, rows, options", [
-    ("agent", 16, ["loss_type=grpo", "learning_rate=1e-3", "seed=3"]),  # a mean over rows, as RWR's loss is
-    ("env", 4, ["learning_rate=1e-3", "seed=3"]),
-])
-def test_a_2_process_update_equals_a_1_process_update_over_the_same_global_batch(two_lakes, broker, kind, rows, options):
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "kind, rows, options",
+    [
+        ("agent", 16, ["loss_type=grpo", "learning_rate=1e-3", "seed=3"]),  # a mean over rows, as RWR's loss is
+        ("env", 4, ["learning_rate=1e-3", "seed=3"]),
+    ],
+)
+def test_a_2_process_update_equals_a_1_process_update_over_the_same_global_batch(
+    two_lakes, broker, kind, rows, options
+):
     single, double = two_lakes
     per_rank = 4 if kind == "agent" else 2
     sets = [a for o in options for a in ("--set", o)]
-    one = genenv_cli("train", kind, "--lake", single.root, "--model", "tiny", "--bootstrap", broker.bootstrap, *sets,
-                     "--set", f"per_device_train_batch_size={2 * per_rank}", timeout=600)
+    one = genenv_cli(
+        "train",
+        kind,
+        "--lake",
+        single.root,
+        "--model",
+        "tiny",
+        "--bootstrap",
+        broker.bootstrap,
+        *sets,
+        "--set",
+        f"per_device_train_batch_size={2 * per_rank}",
+        timeout=600,
+    )
     assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-3000:]
-    two = genenv_cli("train", kind, "--lake", double.root, "--model", "tiny", "--bootstrap", broker.bootstrap, *sets,
-                     "--set", f"per_device_train_batch_size={per_rank}", "--num-processes", "2", timeout=600)
+    two = genenv_cli(
+        "train",
+        kind,
+        "--lake",
+        double.root,
+        "--model",
+        "tiny",
+        "--bootstrap",
+        broker.bootstrap,
+        *sets,
+        "--set",
+        f"per_device_train_batch_size={per_rank}",
+        "--num-processes",
+        "2",
+        timeout=600,
+    )
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-3000:]
 
     a = load_file(str(Path(single.root) / "checkpoints" / kind / "v1" / "model.safetensors"))

@@ -10,17 +10,24 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import genenv_cli
 
-from engine.coevolution import load_config, recorded_run_config, to_toml
-from engine.coevolution import CurriculumConfig, env_reward, in_band, score_groups
+from engine.coevolution import (
+    CurriculumConfig,
+    env_reward,
+    in_band,
+    load_config,
+    recorded_run_config,
+    score_groups,
+    to_toml,
+)
 from engine.domains import Task, get_domain
 from lake import CHECKPOINTS, Lake, read_pool, read_table, silver
-
-from conftest import genenv_cli
 
 # -- the alpha-curriculum ----------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_env_reward_peaks_at_alpha_and_falls_off_with_beta():
     config = CurriculumConfig(alpha=0.5, beta=10.0, k=0.1)
     assert env_reward(0.5, config) == 1.0
@@ -29,6 +36,7 @@ def test_env_reward_peaks_at_alpha_and_falls_off_with_beta():
     assert in_band(0.4, config) and in_band(0.6, config) and not in_band(0.35, config)
 
 
+@pytest.mark.unit
 def test_batch_and_task_granularity_on_hand_computed_groups():
     successes = {"a": [True, True, False, False], "b": [True, True, True, True], "c": []}  # c: an invalid task
     (batch,) = score_groups("b0", successes, CurriculumConfig(granularity="batch", beta=10, weight_temperature=0.5))
@@ -51,15 +59,18 @@ MALICIOUS = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["arith", "toolcall", "qa"])
 def test_checkers_score_right_wrong_and_malicious_answers(name, tmp_path):
     domain = get_domain(name)
     tasks = domain.validation_set(5)
     for task in tasks:
         assert domain.check(task, domain.reference_answer(task)).success
-    wrong = {"arith": lambda t: str(t.reference + 1),
-             "toolcall": lambda t: domain.reference_answer(t).replace("(", "_x(", 1),
-             "qa": lambda t: "I do not know"}[name]
+    wrong = {
+        "arith": lambda t: str(t.reference + 1),
+        "toolcall": lambda t: domain.reference_answer(t).replace("(", "_x(", 1),
+        "qa": lambda t: "I do not know",
+    }[name]
     assert not any(domain.check(t, wrong(t)).success for t in tasks)
     marker = tmp_path / "pwned"
     for payload in MALICIOUS:
@@ -68,20 +79,32 @@ def test_checkers_score_right_wrong_and_malicious_answers(name, tmp_path):
     assert not marker.exists(), "a generated answer was executed"
 
 
+@pytest.mark.unit
 def test_toolcall_applies_bfcl_rules():
     domain = get_domain("toolcall")
     tools = {"get_weather": __import__("engine.domains.toolcall", fromlist=["TOOLS"]).TOOLS["get_weather"]}
-    task = Task("weather in Oslo in fahrenheit", [{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "fahrenheit"}}],
-                tools=list(tools.values()))
-    assert domain.check(task, "get_weather(city='oslo.', unit='Fahrenheit')").success  # case and punctuation (BFCL's ,./-_*^)
+    task = Task(
+        "weather in Oslo in fahrenheit",
+        [{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "fahrenheit"}}],
+        tools=list(tools.values()),
+    )
+    assert domain.check(
+        task, "get_weather(city='oslo.', unit='Fahrenheit')"
+    ).success  # case and punctuation (BFCL's ,./-_*^)
     assert "Missing required parameter: 'city'" in domain.check(task, "get_weather(unit='fahrenheit')").detail
-    assert "Unexpected parameter: 'country'" in domain.check(task, "get_weather(city='Oslo', unit='fahrenheit', country='NO')").detail
+    assert (
+        "Unexpected parameter: 'country'"
+        in domain.check(task, "get_weather(city='Oslo', unit='fahrenheit', country='NO')").detail
+    )
     assert "Expected type string, got int" in domain.check(task, "get_weather(city=3, unit='fahrenheit')").detail
     assert not domain.check(task, "get_weather(city='Oslo')").success  # the reference asks for fahrenheit
-    default = Task("weather in Oslo", [{"name": "get_weather", "arguments": {"city": "Oslo"}}], tools=list(tools.values()))
+    default = Task(
+        "weather in Oslo", [{"name": "get_weather", "arguments": {"city": "Oslo"}}], tools=list(tools.values())
+    )
     assert domain.check(default, "get_weather(city='Oslo', unit='celsius')").success  # an optional at its default
 
 
+@pytest.mark.unit
 def test_parsers_record_why_a_generation_is_not_a_task():
     arith, toolcall, qa = get_domain("arith"), get_domain("toolcall"), get_domain("qa")
     assert arith.parse("What is 12 plus 30?", {}).reference == 42
@@ -103,15 +126,28 @@ def test_parsers_record_why_a_generation_is_not_a_task():
 # -- configuration -------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_config_layers_and_one_line_errors(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('domain = "qa"\nepochs = 3\n[agent]\nbeta = 0.04\n[curriculum]\nk = 0.2\n')
     config = load_config("quick", path, ["epochs=5", "agent.loss_type=dr_grpo"])
-    assert (config.domain, config.epochs, config.agent_model, config.agent.beta, config.agent.loss_type,
-            config.curriculum.k) == ("qa", 5, "tiny", 0.04, "dr_grpo", 0.2)
-    for sets, message in [(["epochs=-1"], "epochs must be >= 0"), (["domain=chess"], "domain must be one of"),
-                          (["agent.loss_type=ppo"], "agent.loss_type=ppo: expected one of grpo"), (["curriculum.alpha=2"], "alpha must be in"),
-                          (["nope=1"], "no such option"), (["agent.nope=1"], "no such option"), (["group_size=1"], "group_size")]:
+    assert (
+        config.domain,
+        config.epochs,
+        config.agent_model,
+        config.agent.beta,
+        config.agent.loss_type,
+        config.curriculum.k,
+    ) == ("qa", 5, "tiny", 0.04, "dr_grpo", 0.2)
+    for sets, message in [
+        (["epochs=-1"], "epochs must be >= 0"),
+        (["domain=chess"], "domain must be one of"),
+        (["agent.loss_type=ppo"], "agent.loss_type=ppo: expected one of grpo"),
+        (["curriculum.alpha=2"], "alpha must be in"),
+        (["nope=1"], "no such option"),
+        (["agent.nope=1"], "no such option"),
+        (["group_size=1"], "group_size"),
+    ]:
         with pytest.raises(ValueError, match=message):
             load_config("quick", None, sets)
     bad = tmp_path / "bad.toml"
@@ -120,12 +156,16 @@ def test_config_layers_and_one_line_errors(tmp_path):
         load_config("quick", bad)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("profile", ["quick", "default", "paper"])
 def test_a_config_reads_back_from_the_toml_it_writes(profile, tmp_path):
     """Quotes, backslashes, unicode, commas and edge spaces in strings, optional values unset: all round-trip."""
     config = dataclasses.replace(
-        load_config(profile), agent_model='/models/a "quoted" \\ back\\slash ünïcode ☃',
-        env_model="  C:\\models\\spaced, comma\ttab  ", run_id="run-1.a_b")
+        load_config(profile),
+        agent_model='/models/a "quoted" \\ back\\slash ünïcode ☃',
+        env_model="  C:\\models\\spaced, comma\ttab  ",
+        run_id="run-1.a_b",
+    )
     config = dataclasses.replace(config, agent=dataclasses.replace(config.agent, epsilon_high=None))
     path = tmp_path / "run.toml"
     path.write_text(to_toml(config))
@@ -134,6 +174,7 @@ def test_a_config_reads_back_from_the_toml_it_writes(profile, tmp_path):
     assert load_config("default", path).agent.epsilon_high == 0.28
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("run_id", ["a/b", "..", "../../etc/passwd", ".hidden", 'q"uote', "x" * 129])
 def test_a_run_id_that_cannot_name_its_config_file_is_refused(run_id, tmp_path):
     """A run id names <lake>/runs/<run id>.toml; run ids in the lake are a producer's text, never a path to follow."""
@@ -144,11 +185,16 @@ def test_a_run_id_that_cannot_name_its_config_file_is_refused(run_id, tmp_path):
     assert load_config("quick", None, ["run_id=toolcall-genenv-s1.v2_a"]).run_id == "toolcall-genenv-s1.v2_a"
 
 
+@pytest.mark.integration
 def test_genenv_run_stops_on_a_bad_value_before_any_work(tmp_path):
     lake = tmp_path / "lake"
-    for args, message in [(["--epochs", "0"], "epochs = 0 (until stopped) is for async runs"),
-                          (["--epochs", "-1"], "epochs must be >= 0"), (["--domain", "chess"], "domain must be one of"),
-                          (["--profile", "huge"], "profile must be one of"), (["--set", "agent.epsilon=-1"], "epsilon")]:
+    for args, message in [
+        (["--epochs", "0"], "epochs = 0 (until stopped) is for async runs"),
+        (["--epochs", "-1"], "epochs must be >= 0"),
+        (["--domain", "chess"], "domain must be one of"),
+        (["--profile", "huge"], "profile must be one of"),
+        (["--set", "agent.epsilon=-1"], "epsilon"),
+    ]:
         result = genenv_cli("run", "--lake", str(lake), *args, timeout=120)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
         assert result.stderr.strip().count("\n") == 0
@@ -161,6 +207,7 @@ def test_genenv_run_stops_on_a_bad_value_before_any_work(tmp_path):
 # (the quick_run fixture is in conftest.py: test_audit.py audits and replays the same run)
 
 
+@pytest.mark.e2e
 def test_a_quick_run_leaves_every_kind_of_record_in_the_lake(quick_run):
     lake, stdout = quick_run
     tasks = read_table(lake, silver("task"))
@@ -192,10 +239,13 @@ def test_a_quick_run_leaves_every_kind_of_record_in_the_lake(quick_run):
     low, high = metrics["validation_gain_interval"]
     assert low <= metrics["validation_gain"] <= high
     # (the accuracies are rounded to 4 places, the gain is the exact mean of the item-by-item differences)
-    assert metrics["validation_gain"] == pytest.approx(metrics["validation_after"] - metrics["validation_before"], abs=1e-3)
+    assert metrics["validation_gain"] == pytest.approx(
+        metrics["validation_after"] - metrics["validation_before"], abs=1e-3
+    )
     assert (report / "learning.png").is_file() and metrics["phases"]["warm_start"]["peak_rss_gb"] > 0
 
 
+@pytest.mark.e2e
 def test_every_p_hat_and_env_reward_can_be_recomputed_from_its_rows(quick_run):
     lake, _ = quick_run
     config = load_config("quick")
@@ -217,11 +267,23 @@ def test_every_p_hat_and_env_reward_can_be_recomputed_from_its_rows(quick_run):
         assert row["p_hat"] == by_batch[row["task_id"]]["p_hat"]
 
 
+@pytest.mark.e2e
 def test_async_mode_completes_a_quick_run_and_never_trains_on_stale_rollouts(tmp_path):
     """Every role in its own process; the trainer's rows are recomputed from the lake and checked against the bound."""
     root = tmp_path / "lake"
-    result = genenv_cli("run", "--profile", "quick", "--async", "--lake", str(root), "--seed", "2",
-                        "--set", "agent.max_staleness=0", timeout=900)
+    result = genenv_cli(
+        "run",
+        "--profile",
+        "quick",
+        "--async",
+        "--lake",
+        str(root),
+        "--seed",
+        "2",
+        "--set",
+        "agent.max_staleness=0",
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     lake = Lake(root, create=False)
     checkpoints = read_table(lake, CHECKPOINTS).filter(pl.col("model_kind") == "agent").sort("version")
@@ -240,6 +302,7 @@ def test_async_mode_completes_a_quick_run_and_never_trains_on_stale_rollouts(tmp
         assert metrics["stale_rows"] == 0
 
 
+@pytest.mark.unit
 def test_toolcall_seeds_can_come_from_api_bank():
     from conftest import ROOT
 
@@ -247,12 +310,13 @@ def test_toolcall_seeds_can_come_from_api_bank():
     domain = get_domain("toolcall", str(data))
     seeds = domain.seeds(__import__("random").Random(0), 20)
     assert len(seeds) == 20 and len(domain.seed_file) > 300
-    for request, text, task in seeds:
+    for _request, text, task in seeds:
         assert text == task.prompt and domain.check(task, domain.reference_answer(task)).success
     with pytest.raises(ValueError, match="does not exist"):
         get_domain("toolcall", str(data / "missing.json"))
 
 
+@pytest.mark.unit
 def test_toolcall_levels_climb_a_ladder_and_the_candidates_span_it():
     """Each level adds what makes a call harder (parallel calls, distractors from API-Bank's catalogue, values
     said in words), the simulator is offered one candidate from each quarter of the range, and a request that
@@ -274,8 +338,12 @@ def test_toolcall_levels_climb_a_ladder_and_the_candidates_span_it():
     hardest = [t for t in tasks if t.difficulty["level"] == len(LEVELS) - 1]
     assert all(any(tool["name"] not in TOOLS for tool in t.tools) for t in hardest)  # API-Bank distractors
     # A spoken-form level: the request says 'euros' (or 'seven'), the call takes 'EUR' (or 7).
-    worded = [t for t in tasks if LEVELS[t.difficulty["level"]][3] and any(
-        spoken(v) != str(v) for c in t.reference for v in c["arguments"].values())]
+    worded = [
+        t
+        for t in tasks
+        if LEVELS[t.difficulty["level"]][3]
+        and any(spoken(v) != str(v) for c in t.reference for v in c["arguments"].values())
+    ]
     assert worded
     for task in worded:
         call = next(c for c in task.reference if any(spoken(v) != str(v) for v in c["arguments"].values()))

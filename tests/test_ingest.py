@@ -15,17 +15,31 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 import pytest
-
+from conftest import ROOT
 from demo_events import epoch_events, publish
+
 from lake import (
-    D_ENV, D_TRAIN, QUARANTINE, VALIDATIONS, IngestConfig, Ingestor, Lake, RunRows, ingest, quarantine_by_reason, read_pool, read_table, silver,
+    CHECKPOINTS,
+    D_ENV,
+    D_TRAIN,
+    QUARANTINE,
+    VALIDATIONS,
+    WEIGHTS,
+    IngestConfig,
+    Ingestor,
+    Lake,
+    RunRows,
+    checkpoint_path,
+    file_sha256,
+    ingest,
+    quarantine_by_reason,
+    read_pool,
+    read_table,
+    silver,
     versions,
 )
-from lake import CHECKPOINTS, WEIGHTS, checkpoint_path, file_sha256
 from lake.tables import SCHEMAS, bronze
 from streams import ALL_TOPICS, CheckpointPublished, EventProducer, LocalBroker, RewardScored, RolloutCompleted
-
-from conftest import ROOT
 
 FAST = IngestConfig(max_batch_ms=300, max_wait_s=2.0)
 
@@ -40,9 +54,12 @@ def event_ids(lake: Lake, kind: str) -> list[str]:
 
 def comparable(frame: pl.DataFrame) -> pl.DataFrame:
     """A table's rows in a canonical order (Delta files and micro-batches may order them differently)."""
-    return frame.sort(frame.columns[:3] + (["kafka_partition", "kafka_offset"] if "kafka_offset" in frame.columns else []))
+    return frame.sort(
+        frame.columns[:3] + (["kafka_partition", "kafka_offset"] if "kafka_offset" in frame.columns else [])
+    )
 
 
+@pytest.mark.integration
 def test_a_lake_fed_by_a_new_broker_takes_its_log_from_offset_zero(broker, lake, runner):
     """A fresh local broker numbers its logs from 0 again: its events must land, not be skipped as already seen."""
     first = epoch_events(run_id="first", tasks=4, group=2)
@@ -57,6 +74,7 @@ def test_a_lake_fed_by_a_new_broker_takes_its_log_from_offset_zero(broker, lake,
     assert read_table(lake, QUARANTINE).height == 0
 
 
+@pytest.mark.integration
 def test_an_epoch_lands_in_silver_and_both_pools(broker, lake, runner):
     events = epoch_events(tasks=8, group=4)
     publish(broker.bootstrap, events)
@@ -72,16 +90,21 @@ def test_an_epoch_lands_in_silver_and_both_pools(broker, lake, runner):
     assert read_table(lake, QUARANTINE).height == 0
 
 
+@pytest.mark.integration
 def test_a_runs_rows_are_its_rounds_each_id_once(broker, lake, runner):
     """RunRows, which the async simulator, the launcher and both resumes read: epoch 0 is scored; epoch 1 is
     rolled out but not scored, one rollout short, with one invalid task; the warm start's task and another
     run's epoch are not the run's rounds; a redelivered epoch counts once."""
     done = epoch_events("run-rows", 0)
-    short = [e for e in epoch_events("run-rows", 1)
-             if e.KIND != "batch" and getattr(e, "rollout_id", "") != "run-rows-e1-t0-r0"]
+    short = [
+        e
+        for e in epoch_events("run-rows", 1)
+        if e.KIND != "batch" and getattr(e, "rollout_id", "") != "run-rows-e1-t0-r0"
+    ]
     task = done[0]
-    invalid = dataclasses.replace(task, epoch=1, task_id="run-rows-e1-t9", valid=False, invalid_reason="unparseable",
-                                  task_prompt="", event_id="")
+    invalid = dataclasses.replace(
+        task, epoch=1, task_id="run-rows-e1-t9", valid=False, invalid_reason="unparseable", task_prompt="", event_id=""
+    )
     warm = dataclasses.replace(task, task_id="run-rows-w-t0", producer="warm-start", event_id="")
     publish(broker.bootstrap, done + short + [invalid, warm] + epoch_events("other-run", 0))
     run_ingest(lake, broker, runner)
@@ -95,7 +118,9 @@ def test_a_runs_rows_are_its_rounds_each_id_once(broker, lake, runner):
     assert sorted(run.unscored_tasks().collect()["task_id"]) == [f"run-rows-e1-t{t}" for t in range(4)]
     assert run.rollouts().collect().height == run.rewards().collect().height == 31
     assert dict(run.rollouts_per_task(["run-rows-e1-t0", "run-rows-e1-t1"]).collect().iter_rows()) == {
-        "run-rows-e1-t0": 3, "run-rows-e1-t1": 4}
+        "run-rows-e1-t0": 3,
+        "run-rows-e1-t1": 4,
+    }
     assert run.rollouts_per_task().collect().height == 8
     outcomes = run.outcomes()
     assert len(outcomes) == 31 and all(difficulty == {"digits": 2} for difficulty, _ in outcomes)
@@ -109,6 +134,7 @@ def with_id(cls, payload: dict) -> dict:
     return {**payload, "event_id": cls(**fields).identity_hash()}
 
 
+@pytest.mark.integration
 def test_bad_input_goes_to_quarantine_with_the_failed_check_and_good_events_land(broker, lake, runner):
     good = epoch_events(tasks=4, group=2)
     task = next(e for e in good if e.KIND == "task")
@@ -117,10 +143,17 @@ def test_bad_input_goes_to_quarantine_with_the_failed_check_and_good_events_land
     bad = [
         ("genenv.rewards", b"{this is not json"),
         ("genenv.rewards", json.dumps({**reward, "schema": "genenv.reward/7"}).encode()),
-        ("genenv.rewards", json.dumps(with_id(RewardScored, {**reward, "reward": 1.5, "rollout_id": "too-high"})).encode()),
+        (
+            "genenv.rewards",
+            json.dumps(with_id(RewardScored, {**reward, "reward": 1.5, "rollout_id": "too-high"})).encode(),
+        ),
         ("genenv.rewards", json.dumps({k: v for k, v in reward.items() if k != "task_id"}).encode()),
-        ("genenv.rollouts", json.dumps(with_id(RolloutCompleted, {**rollout, "rollout_id": "orphan",
-                                                                  "task_id": "never-generated"})).encode()),
+        (
+            "genenv.rollouts",
+            json.dumps(
+                with_id(RolloutCompleted, {**rollout, "rollout_id": "orphan", "task_id": "never-generated"})
+            ).encode(),
+        ),
         ("genenv.rewards", json.dumps({**reward, "reward": "high"}).encode()),
         # unhashable values where ids belong must be reported, not crash the ingestor
         ("genenv.rewards", json.dumps({**reward, "event_id": ["a", "list"], "task_id": {"a": "dict"}}).encode()),
@@ -141,9 +174,13 @@ def test_bad_input_goes_to_quarantine_with_the_failed_check_and_good_events_land
     assert any(r.startswith("unknown_schema") and "genenv.reward/7" in r for r in reasons)
     by_check = quarantine_by_reason(lake)
     assert by_check == {
-        "not_json": 1, "unknown_schema": 1, "expect_column_values_to_be_between(reward)": 1, "missing_field:task_id": 1,
+        "not_json": 1,
+        "unknown_schema": 1,
+        "expect_column_values_to_be_between(reward)": 1,
+        "missing_field:task_id": 1,
         "expect_column_values_to_not_be_in_set(task_id)": 1,  # the orphan rollout, after its wait
-        "type:reward": 1, "type:event_id": 1,
+        "type:reward": 1,
+        "type:event_id": 1,
     }
     raw = dict(zip(quarantine["failed_checks"].list.first(), quarantine["raw"]))
     assert raw["not_json"] == b"{this is not json"
@@ -155,6 +192,7 @@ def test_bad_input_goes_to_quarantine_with_the_failed_check_and_good_events_land
     assert stats.records == len(good) + len(bad)
 
 
+@pytest.mark.integration
 def test_rollout_before_its_task_waits_instead_of_failing(broker, lake, runner):
     events = epoch_events(tasks=1, group=2)
     tasks = [e for e in events if e.KIND == "task"]
@@ -178,6 +216,7 @@ def redeliveries(lake: Lake) -> int:
     return sum(json.loads(c).get("redelivery", 0) for c in counts)
 
 
+@pytest.mark.integration
 def test_a_redelivery_is_dropped_and_counted_and_a_conflicting_duplicate_quarantined(broker, lake, runner):
     events = epoch_events(tasks=1, group=1)
     task = events[0]
@@ -198,6 +237,7 @@ def test_a_redelivery_is_dropped_and_counted_and_a_conflicting_duplicate_quarant
     assert tasks["task_prompt"].to_list() == [task.task_prompt]  # the first copy stays
 
 
+@pytest.mark.integration
 def test_time_travel_a_pool_version_never_changes(broker, lake, runner):
     publish(broker.bootstrap, epoch_events(epoch=0, tasks=4, group=2))
     run_ingest(lake, broker, runner)
@@ -211,6 +251,7 @@ def test_time_travel_a_pool_version_never_changes(broker, lake, runner):
     assert [v.version for v in versions(lake, D_TRAIN)] == list(range(lake.version(D_TRAIN) + 1))
 
 
+@pytest.mark.integration
 def test_replay_from_offset_zero_rebuilds_identical_silver_and_gold(broker, lake, runner, tmp_path):
     publish(broker.bootstrap, epoch_events(epoch=0, tasks=6, group=3))
     run_ingest(lake, broker, runner)
@@ -220,12 +261,17 @@ def test_replay_from_offset_zero_rebuilds_identical_silver_and_gold(broker, lake
     run_ingest(lake, broker, runner)
     fresh = Lake(tmp_path / "replayed")
     run_ingest(fresh, broker, runner, config=IngestConfig(max_batch_records=7, max_batch_ms=100, max_wait_s=2.0))
-    for table in [silver(k) for k in ("task", "rollout", "reward", "batch", "checkpoint")] + [QUARANTINE, D_TRAIN, D_ENV]:
+    for table in [silver(k) for k in ("task", "rollout", "reward", "batch", "checkpoint")] + [
+        QUARANTINE,
+        D_TRAIN,
+        D_ENV,
+    ]:
         original, replayed = comparable(read_table(lake, table)), comparable(read_table(fresh, table))
         assert original.height > 0 or table.endswith("checkpoint")
         assert original.equals(replayed), table
 
 
+@pytest.mark.integration
 def test_a_half_written_refine_step_is_rolled_back_and_redone(broker, lake, runner):
     events = epoch_events(tasks=4, group=2)
     publish(broker.bootstrap, events)
@@ -236,10 +282,19 @@ def test_a_half_written_refine_step_is_rolled_back_and_redone(broker, lake, runn
     lake.append(silver("task"), stray.to_arrow())
     # ... and bronze rows past the refine watermark (bronze committed, refine not) must be refined.
     extra = epoch_events(epoch=1, tasks=1, group=1)
-    rows = pa.table({"topic": ["genenv.tasks"], "kafka_cluster": [broker.cluster_id], "kafka_partition": pa.array([0], pa.int32()),
-                     "kafka_offset": pa.array([10_000], pa.int64()), "kafka_timestamp": pa.array([0], pa.int64()),
-                     "key": [b"k"], "value": [extra[0].to_json()],
-                     "ingested_at": pa.array([0], pa.timestamp("us", tz="UTC"))}, schema=SCHEMAS[bronze("genenv.tasks")])
+    rows = pa.table(
+        {
+            "topic": ["genenv.tasks"],
+            "kafka_cluster": [broker.cluster_id],
+            "kafka_partition": pa.array([0], pa.int32()),
+            "kafka_offset": pa.array([10_000], pa.int64()),
+            "kafka_timestamp": pa.array([0], pa.int64()),
+            "key": [b"k"],
+            "value": [extra[0].to_json()],
+            "ingested_at": pa.array([0], pa.timestamp("us", tz="UTC")),
+        },
+        schema=SCHEMAS[bronze("genenv.tasks")],
+    )
     lake.append(bronze("genenv.tasks"), rows)
     run_ingest(lake, broker, runner)
     task_ids = read_table(lake, silver("task"))["task_id"].to_list()
@@ -248,6 +303,7 @@ def test_a_half_written_refine_step_is_rolled_back_and_redone(broker, lake, runn
     assert len(task_ids) == 5
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_exactly_once_through_two_sigkills(broker, tmp_path):
     """10,000 events produced while the ingestor process is SIGKILLed twice and restarted."""
@@ -269,9 +325,26 @@ def test_exactly_once_through_two_sigkills(broker, tmp_path):
 
     def start_ingestor():
         return subprocess.Popen(
-            [sys.executable, "-m", "engine.cli", "ingest", "--lake", str(lake_path), "--bootstrap", broker.bootstrap,
-             "--max-batch-records", "700", "--max-batch-ms", "200", "--max-wait", "20"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [
+                sys.executable,
+                "-m",
+                "engine.cli",
+                "ingest",
+                "--lake",
+                str(lake_path),
+                "--bootstrap",
+                broker.bootstrap,
+                "--max-batch-records",
+                "700",
+                "--max-batch-ms",
+                "200",
+                "--max-wait",
+                "20",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
 
     def bronze_rows_now() -> int:
         try:
@@ -295,8 +368,23 @@ def test_exactly_once_through_two_sigkills(broker, tmp_path):
     lake = Lake(lake_path)
     assert len(read_table(lake, bronze("genenv.tasks"))) > 0, "the ingestor should have made progress before the kills"
     final = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "ingest", "--lake", str(lake_path), "--bootstrap", broker.bootstrap,
-         "--idle-exit", "3"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "ingest",
+            "--lake",
+            str(lake_path),
+            "--bootstrap",
+            broker.bootstrap,
+            "--idle-exit",
+            "3",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert final.returncode == 0, final.stderr[-2000:]
 
     bronze_rows = pl.concat([read_table(lake, bronze(t)) for t in ALL_TOPICS])
@@ -315,32 +403,50 @@ def checkpoint_in(lake: Lake, kind: str, version: int, weights: bytes) -> Checkp
     folder = Path(lake.root) / checkpoint_path(kind, version)
     folder.mkdir(parents=True)
     (folder / WEIGHTS).write_bytes(weights)
-    return CheckpointPublished(run_id="run", epoch=0, model_kind=kind, version=version, parent_version=version - 1,
-                               path=checkpoint_path(kind, version), sha256=file_sha256(folder / WEIGHTS),
-                               pool_table="gold/d_train", pool_version=1, config_hash="c", seed=0)
+    return CheckpointPublished(
+        run_id="run",
+        epoch=0,
+        model_kind=kind,
+        version=version,
+        parent_version=version - 1,
+        path=checkpoint_path(kind, version),
+        sha256=file_sha256(folder / WEIGHTS),
+        pool_table="gold/d_train",
+        pool_version=1,
+        config_hash="c",
+        seed=0,
+    )
 
 
+@pytest.mark.integration
 def test_the_registry_takes_only_checkpoints_whose_files_prove_them_once_per_version(broker, lake, runner):
     real = checkpoint_in(lake, "agent", 1, b"weights of agent v1")
     forged = {
-        "registry_path": [dataclasses.replace(real, event_id="", version=2, path=p)
-                          for p in ("../../../../../../etc", "a\0b\0", "/etc", "checkpoints/agent/v2/../../../..")],
+        "registry_path": [
+            dataclasses.replace(real, event_id="", version=2, path=p)
+            for p in ("../../../../../../etc", "a\0b\0", "/etc", "checkpoints/agent/v2/../../../..")
+        ],
         "registry_files": [dataclasses.replace(real, event_id="", version=3, path=checkpoint_path("agent", 3))],
         "registry_sha256": [dataclasses.replace(real, event_id="", model_kind="env", path=checkpoint_path("env", 1))],
-        "registry_version_taken": [dataclasses.replace(real, event_id="", run_id="another-run"),
-                                   dataclasses.replace(real, event_id="", epoch=4, sha256="0" * 64)],
+        "registry_version_taken": [
+            dataclasses.replace(real, event_id="", run_id="another-run"),
+            dataclasses.replace(real, event_id="", epoch=4, sha256="0" * 64),
+        ],
     }
     checkpoint_in(lake, "env", 1, b"not what the event says")
     publish(broker.bootstrap, [real] + [e for events in forged.values() for e in events])
     run_ingest(lake, broker, runner)
     registry = read_table(lake, CHECKPOINTS)
-    assert registry.select("model_kind", "version", "run_id", "path").rows() == [("agent", 1, "run", "checkpoints/agent/v1")]
+    assert registry.select("model_kind", "version", "run_id", "path").rows() == [
+        ("agent", 1, "run", "checkpoints/agent/v1")
+    ]
     quarantine = read_table(lake, QUARANTINE)
     by_check = quarantine_by_reason(lake)
     assert by_check == {check: len(events) for check, events in forged.items()}
     assert all(quarantine["reason"].str.len_chars() > 0)
 
 
+@pytest.mark.integration
 def test_a_refused_copy_does_not_take_its_event_ids_place(broker, lake, runner):
     """A forged CheckpointPublished (a path outside the lake) ahead of the real one with the same identity, in one
     micro-batch: the forgery is quarantined and the real one is registered, not refused as a duplicate."""
@@ -353,6 +459,7 @@ def test_a_refused_copy_does_not_take_its_event_ids_place(broker, lake, runner):
     assert quarantine_by_reason(lake) == {"registry_path": 1}
 
 
+@pytest.mark.integration
 def test_a_suite_that_cannot_be_evaluated_is_split_until_the_rows_that_break_it_are_isolated():
     """Real GX suites, with a fault injected: any frame that holds the marked task raises, as GX did on frames
     it could not evaluate. Only that row is refused (`suite_error`); the other 15 of its micro-batch land."""
@@ -374,6 +481,7 @@ def test_a_suite_that_cannot_be_evaluated_is_split_until_the_rows_that_break_it_
     assert out.arrow(silver("task")).num_rows == 15
 
 
+@pytest.mark.integration
 def test_a_lake_from_before_a_column_was_added_gains_it_and_takes_new_rows(tmp_path):
     from deltalake import DeltaTable
 
@@ -381,7 +489,13 @@ def test_a_lake_from_before_a_column_was_added_gains_it_and_takes_new_rows(tmp_p
     DeltaTable.create(str(tmp_path / "lake" / "silver" / "task"), old)
     lake = Lake(tmp_path / "lake", create=False)
     assert "offered_json" in lake.delta(silver("task")).schema().to_arrow().names
-    row = {"task_id": "t", "offered_json": "[1, 2]", "kafka_cluster": "c", "kafka_partition": 0, "kafka_offset": 0,
-           "kafka_timestamp": 0}
+    row = {
+        "task_id": "t",
+        "offered_json": "[1, 2]",
+        "kafka_cluster": "c",
+        "kafka_partition": 0,
+        "kafka_offset": 0,
+        "kafka_timestamp": 0,
+    }
     lake.append(silver("task"), pa.Table.from_pylist([row], schema=SCHEMAS[silver("task")]))
     assert read_table(lake, silver("task"))["offered_json"].to_list() == ["[1, 2]"]

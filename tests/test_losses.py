@@ -7,15 +7,23 @@ import torch
 
 from trainers.losses import GRPOLossConfig, group_advantages, grpo_loss, rwr_loss, rwr_weights
 
+pytestmark = pytest.mark.unit
+
 
 def test_group_advantages_by_hand():
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
     groups = torch.tensor([0, 0, 0, 0, 1, 1])
     # group 0: mean 0.25, unbiased std sqrt(0.25) = 0.5; group 1: all equal -> 0
     adv = group_advantages(rewards, groups, "group")
-    torch.testing.assert_close(adv, torch.tensor([0.75, -0.25, -0.25, -0.25, 0.0, 0.0]) / torch.tensor([0.5001] * 4 + [1.0, 1.0]),
-                               atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(group_advantages(rewards, groups, "none"), torch.tensor([0.75, -0.25, -0.25, -0.25, 0, 0]))
+    torch.testing.assert_close(
+        adv,
+        torch.tensor([0.75, -0.25, -0.25, -0.25, 0.0, 0.0]) / torch.tensor([0.5001] * 4 + [1.0, 1.0]),
+        atol=1e-4,
+        rtol=1e-4,
+    )
+    torch.testing.assert_close(
+        group_advantages(rewards, groups, "none"), torch.tensor([0.75, -0.25, -0.25, -0.25, 0, 0])
+    )
     batch = group_advantages(rewards, groups, "batch")
     torch.testing.assert_close(batch, torch.tensor([0.75, -0.25, -0.25, -0.25, 0, 0]) / (rewards.std() + 1e-4))
 
@@ -42,7 +50,9 @@ def test_grpo_loss_on_a_fixed_batch_equals_the_hand_computed_value():
 def test_kl_term_uses_the_k3_estimator():
     logps = torch.tensor([[math.log(0.5)]])
     ref = torch.tensor([[math.log(0.25)]])
-    loss, metrics = grpo_loss(logps, logps.clone(), torch.tensor([0.0]), torch.ones(1, 1), GRPOLossConfig(beta=0.1), ref)
+    loss, metrics = grpo_loss(
+        logps, logps.clone(), torch.tensor([0.0]), torch.ones(1, 1), GRPOLossConfig(beta=0.1), ref
+    )
     expected_kl = 0.5 - math.log(0.5) - 1  # exp(d) - d - 1 with d = log(0.25/0.5)
     assert metrics["kl"] == pytest.approx(expected_kl)
     assert loss.item() == pytest.approx(0.1 * expected_kl)
@@ -63,8 +73,13 @@ def test_a_group_with_equal_rewards_contributes_no_gradient():
 def test_sequence_level_importance_sampling_shares_one_ratio_per_sequence():
     logps = torch.tensor([[0.0, math.log(0.5)]])
     old = torch.zeros(1, 2)
-    loss, metrics = grpo_loss(logps, old, torch.tensor([1.0]), torch.ones(1, 2),
-                              GRPOLossConfig(importance_sampling_level="sequence", epsilon=0.5))
+    loss, metrics = grpo_loss(
+        logps,
+        old,
+        torch.tensor([1.0]),
+        torch.ones(1, 2),
+        GRPOLossConfig(importance_sampling_level="sequence", epsilon=0.5),
+    )
     ratio = math.exp(math.log(0.5) / 2)
     assert loss.item() == pytest.approx(-ratio)
     assert metrics["ratio_mean"] == pytest.approx(ratio)

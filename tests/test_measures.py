@@ -13,14 +13,13 @@ import random
 
 import polars as pl
 import pytest
+from conftest import genenv_cli
+from demo_events import publish
 
 from engine.coevolution import load_config
 from engine.lineage import metrics_from_lake, write_report
 from lake import Lake, ingest, read_table, silver
 from streams import RewardScored, RolloutCompleted, TaskGenerated
-
-from conftest import genenv_cli
-from demo_events import publish
 
 RUN = "toolcall-measured"
 
@@ -34,20 +33,51 @@ def toolcall_epochs(epochs: int = 2, tasks: int = 6, group: int = 4) -> list:
             task_id = f"{RUN}-e{epoch}-t{t}"
             offered = sorted(rng.sample(range(5), 3))
             level = offered[-1] if rng.random() < 0.3 + 0.4 * epoch else offered[0]
-            events.append(TaskGenerated(
-                run_id=RUN, epoch=epoch, task_id=task_id, batch_id=f"{RUN}-e{epoch}-b0", domain="toolcall",
-                env_model_version="1", sim_prompt="Pick a task.", raw_generation="What is the weather in Oslo?",
-                task_prompt="What is the weather in Oslo?", difficulty_json=json.dumps({"level": level}),
-                offered_json=json.dumps(offered), producer="simulator"))
+            events.append(
+                TaskGenerated(
+                    run_id=RUN,
+                    epoch=epoch,
+                    task_id=task_id,
+                    batch_id=f"{RUN}-e{epoch}-b0",
+                    domain="toolcall",
+                    env_model_version="1",
+                    sim_prompt="Pick a task.",
+                    raw_generation="What is the weather in Oslo?",
+                    task_prompt="What is the weather in Oslo?",
+                    difficulty_json=json.dumps({"level": level}),
+                    offered_json=json.dumps(offered),
+                    producer="simulator",
+                )
+            )
             for g in range(group):
                 ok = rng.random() < 1 - level / 5
-                events.append(RolloutCompleted(
-                    run_id=RUN, epoch=epoch, rollout_id=f"{task_id}-r{g}", task_id=task_id, group_index=g,
-                    agent_model_version="1", prompt="p", completion="c", completion_token_ids=[1],
-                    behaviour_logprobs=[-0.1], producer="rollout"))
-                events.append(RewardScored(
-                    run_id=RUN, epoch=epoch, rollout_id=f"{task_id}-r{g}", task_id=task_id, reward=float(ok), success=ok,
-                    checker_detail="scripted", producer="reward"))
+                events.append(
+                    RolloutCompleted(
+                        run_id=RUN,
+                        epoch=epoch,
+                        rollout_id=f"{task_id}-r{g}",
+                        task_id=task_id,
+                        group_index=g,
+                        agent_model_version="1",
+                        prompt="p",
+                        completion="c",
+                        completion_token_ids=[1],
+                        behaviour_logprobs=[-0.1],
+                        producer="rollout",
+                    )
+                )
+                events.append(
+                    RewardScored(
+                        run_id=RUN,
+                        epoch=epoch,
+                        rollout_id=f"{task_id}-r{g}",
+                        task_id=task_id,
+                        reward=float(ok),
+                        success=ok,
+                        checker_detail="scripted",
+                        producer="reward",
+                    )
+                )
     return events
 
 
@@ -62,9 +92,14 @@ def recomputed(lake: Lake, run_id: str, feature: str) -> dict[int, dict]:
     """Each epoch's measures, from silver/task and silver/reward, without genenv's code."""
     generated = pl.col("producer") != "warm-start"
     of_run = (pl.col("run_id") == run_id) & generated
-    tasks = read_table(lake, silver("task")).filter(of_run & pl.col("valid")).with_columns(
-        level=pl.col("difficulty_json").str.json_path_match(f"$.{feature}").cast(pl.Float64),
-        offered=pl.col("offered_json").str.json_decode(pl.List(pl.Float64)))
+    tasks = (
+        read_table(lake, silver("task"))
+        .filter(of_run & pl.col("valid"))
+        .with_columns(
+            level=pl.col("difficulty_json").str.json_path_match(f"$.{feature}").cast(pl.Float64),
+            offered=pl.col("offered_json").str.json_decode(pl.List(pl.Float64)),
+        )
+    )
     rewards = read_table(lake, silver("reward")).filter(of_run)
     out = {}
     for epoch in sorted(set(read_table(lake, silver("task")).filter(of_run)["epoch"])):
@@ -73,15 +108,25 @@ def recomputed(lake: Lake, run_id: str, feature: str) -> dict[int, dict]:
         offered = t.filter(pl.col("offered").list.len() > 0)
         groups = r.group_by("task_id").agg(pl.len().alias("n"), pl.col("success").sum().alias("s"))
         informative = groups.filter((pl.col("s") > 0) & (pl.col("s") < pl.col("n"))).height
-        by_level = (r.join(t.select("task_id", "level"), on="task_id").group_by("level")
-                    .agg(pl.col("success").mean()).sort("level"))
+        by_level = (
+            r.join(t.select("task_id", "level"), on="task_id")
+            .group_by("level")
+            .agg(pl.col("success").mean())
+            .sort("level")
+        )
         out[epoch] = {
             "selection_bias": (offered["level"] - offered["offered"].list.mean()).mean() if offered.height else None,
             "informative_groups_per_100": 100 * informative / r.height if r.height else None,
             "success_by_level": {f"{level:g}": s for level, s in by_level.iter_rows()},
             "chosen_levels": {f"{level:g}": n for level, n in t.group_by("level").len().sort("level").iter_rows()},
-            "offered_levels": {f"{level:g}": n for level, n in
-                               offered.select(pl.col("offered").explode()).group_by("offered").len().sort("offered").iter_rows()},
+            "offered_levels": {
+                f"{level:g}": n
+                for level, n in offered.select(pl.col("offered").explode())
+                .group_by("offered")
+                .len()
+                .sort("offered")
+                .iter_rows()
+            },
         }
     return out
 
@@ -102,12 +147,15 @@ def check_epochs(epochs: list[dict], expected: dict[int, dict]) -> None:
             assert same(want, m[name]), (m["epoch"], name, want, m[name])
 
 
+@pytest.mark.integration
 def test_measures_from_the_lake_equal_metrics_json_the_report_and_the_audit(measured_lake, tmp_path):
     expected = recomputed(measured_lake, RUN, "level")
     assert all(e["offered_levels"] and e["selection_bias"] is not None for e in expected.values())
 
     metrics = metrics_from_lake(measured_lake, RUN)
-    page = write_report(tmp_path, RUN, load_config("quick", None, ["domain=toolcall"]), metrics, 0.0, measured_lake.root)
+    page = write_report(
+        tmp_path, RUN, load_config("quick", None, ["domain=toolcall"]), metrics, 0.0, measured_lake.root
+    )
     written = json.loads((tmp_path / "metrics.json").read_text())
     check_epochs(written["epochs"], expected)
     text = page.read_text()
@@ -121,6 +169,7 @@ def test_measures_from_the_lake_equal_metrics_json_the_report_and_the_audit(meas
         check_epochs([{**json.loads(audit.stdout), "epoch": epoch}], {epoch: expected[epoch]})
 
 
+@pytest.mark.e2e
 def test_a_sync_runs_report_carries_the_measures_of_its_lake(quick_run):
     lake, _ = quick_run
     run_id = read_table(lake, silver("task"))["run_id"][0]
@@ -130,6 +179,7 @@ def test_a_sync_runs_report_carries_the_measures_of_its_lake(quick_run):
     assert all(m["selection_bias"] is None and not m["offered_levels"] for m in written["epochs"])  # strict JSON: null
 
 
+@pytest.mark.unit
 def test_the_ablation_summary_pairs_seeds_and_bounds_each_mean():
     """Per mode the mean over seeds inside its bootstrap interval; the paired difference is taken seed by seed."""
     from engine.coevolution.experiment import BASELINE, MEASURES, summarise
@@ -137,13 +187,19 @@ def test_the_ablation_summary_pairs_seeds_and_bounds_each_mean():
     rng = random.Random(3)
 
     def run(seed: int, lift: float) -> dict:
-        return {"seed": seed, "initial": 0.5, "validation": [0.5, 0.5 + lift + 0.01 * seed],
-                "in_band": [0.2, 0.4 + lift, 0.6 + lift], "selection_bias": [0.1 * seed, math.nan, 0.1 * seed + lift],
-                "informative": [rng.uniform(0, 10) for _ in range(3)], "bfcl": 0.2 + lift}
+        return {
+            "seed": seed,
+            "initial": 0.5,
+            "validation": [0.5, 0.5 + lift + 0.01 * seed],
+            "in_band": [0.2, 0.4 + lift, 0.6 + lift],
+            "selection_bias": [0.1 * seed, math.nan, 0.1 * seed + lift],
+            "informative": [rng.uniform(0, 10) for _ in range(3)],
+            "bfcl": 0.2 + lift,
+        }
 
     results = {"genenv": [run(s, 0.1) for s in range(5)], BASELINE: [run(s, 0.0) for s in range(5)]}
     table = summarise(results)
-    for mode, measures in table["modes"].items():
+    for measures in table["modes"].values():
         assert set(measures) == set(MEASURES)
         for stats in measures.values():
             assert stats["n"] == 5 and stats["low"] <= stats["mean"] <= stats["high"]
@@ -153,11 +209,17 @@ def test_the_ablation_summary_pairs_seeds_and_bounds_each_mean():
     paired = table[f"paired_vs_{BASELINE}"]["genenv"]
     # Every seed gains exactly 0.1 over its own baseline run: the paired interval is that point, though the
     # seeds' spread widens each mode's own interval.
-    assert paired["validation_gain"] == {"n": 5, "mean": pytest.approx(0.1), "low": pytest.approx(0.1), "high": pytest.approx(0.1)}
+    assert paired["validation_gain"] == {
+        "n": 5,
+        "mean": pytest.approx(0.1),
+        "low": pytest.approx(0.1),
+        "high": pytest.approx(0.1),
+    }
     assert gain["high"] - gain["low"] > 0.01
     assert paired["selection_bias_per_epoch"]["mean"] == pytest.approx(0.05)  # +0.1 over two epochs, NaN left out
 
 
+@pytest.mark.e2e
 def test_an_ablation_runs_its_modes_from_one_warm_start_and_summarises_them(broker, lake, tmp_path):
     """Two seeds of genenv and genenv-random on the quick profile, through the real broker and lake: each seed's
     modes start from the same warm-started checkpoints and the same validation, and the table's figures are
@@ -167,8 +229,16 @@ def test_an_ablation_runs_its_modes_from_one_warm_start_and_summarises_them(brok
     from engine.lineage import with_measures
 
     base = load_config("quick", None, ["epochs=2"])
-    table = run_ablation(base, 2, lake, broker.bootstrap, tmp_path, say=lambda *_: None, modes=("genenv", BASELINE),
-                         measure=with_measures)
+    table = run_ablation(
+        base,
+        2,
+        lake,
+        broker.bootstrap,
+        tmp_path,
+        say=lambda *_: None,
+        modes=("genenv", BASELINE),
+        measure=with_measures,
+    )
     runs = json.loads((tmp_path / "runs.json").read_text())
     assert [r["seed"] for r in runs["genenv"]] == [r["seed"] for r in runs[BASELINE]] == [0, 1]
     for mine, theirs in zip(runs["genenv"], runs[BASELINE]):

@@ -11,9 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.coevolution.roles import rollout_seed
-
 from trainers import (
-    ModelNotFound, SamplingConfig, TransformersBackend, load_model, render_prompt, sequence_logprobs, vllm_available,
+    ModelNotFound,
+    SamplingConfig,
+    TransformersBackend,
+    load_model,
+    render_prompt,
+    sequence_logprobs,
+    vllm_available,
 )
 
 
@@ -22,6 +27,7 @@ def tiny():
     return load_model("tiny", seed=3)
 
 
+@pytest.mark.unit
 def test_tiny_is_deterministic_from_its_seed():
     a, b, c = load_model("tiny", seed=1), load_model("tiny", seed=1), load_model("tiny", seed=2)
     sa, sb, sc = a.model.state_dict(), b.model.state_dict(), c.model.state_dict()
@@ -29,11 +35,13 @@ def test_tiny_is_deterministic_from_its_seed():
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
 
 
+@pytest.mark.unit
 def test_tiny_tokenizer_round_trips_any_text(tiny):
     text = "What is 12 + 7? Ünïcode ✓ and spaces  "
     assert tiny.tokenizer.decode(tiny.tokenizer(text, add_special_tokens=False)["input_ids"]) == text
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
 def test_sampled_logprobs_match_a_teacher_forced_recomputation(tiny, temperature):
     backend = TransformersBackend(tiny.model, tiny.tokenizer, batch_size=3)
@@ -46,6 +54,7 @@ def test_sampled_logprobs_match_a_teacher_forced_recomputation(tiny, temperature
         torch.testing.assert_close(torch.tensor(g.logprobs), reference.detach(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.unit
 def test_same_seed_same_samples(tiny):
     backend = TransformersBackend(tiny.model, tiny.tokenizer)
     prompts = [render_prompt(tiny.tokenizer, "x")] * 2
@@ -54,6 +63,7 @@ def test_same_seed_same_samples(tiny):
     assert [g.token_ids for g in first] == [g.token_ids for g in second]
 
 
+@pytest.mark.unit
 def test_a_random_model_constrained_by_the_request_grammar_writes_requests_that_parse(tiny):
     """xgrammar's mask (trainers/generation.py) keeps a random model to toolcall's request grammar: every output
     carries one candidate's values, so the domain's parser reads each as a valid task; a free row beside them
@@ -72,14 +82,14 @@ def test_a_random_model_constrained_by_the_request_grammar_writes_requests_that_
     generations = backend.generate(prompts, sampling, grammars=[r.grammar for r in requests] + [""])
     parsed = [domain.parse(g.text, r.context) for g, r in zip(generations, requests)]
     assert all(isinstance(p, Task) for p in parsed), [(g.text, p) for g, p in zip(generations, parsed)]
-    unconstrained = [domain.parse(g.text, r.context) for g, r in
-                     zip(backend.generate(prompts[:6], sampling), requests)]
+    unconstrained = [domain.parse(g.text, r.context) for g, r in zip(backend.generate(prompts[:6], sampling), requests)]
     assert not any(isinstance(p, Task) for p in unconstrained), "a random model writes no valid request by itself"
     for g in generations:
         reference = sequence_logprobs(tiny.model, g.prompt_token_ids, g.token_ids, 1.0)
         torch.testing.assert_close(torch.tensor(g.logprobs), reference.detach(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.integration
 def test_smollm2_loads_from_the_packaged_gguf_and_answers():
     loaded = load_model("smollm2-135m")
     backend = TransformersBackend(loaded.model, loaded.tokenizer)
@@ -90,17 +100,22 @@ def test_smollm2_loads_from_the_packaged_gguf_and_answers():
     torch.testing.assert_close(torch.tensor(g.logprobs), reference.detach(), atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("no-such-model", "unknown model 'no-such-model'"),
-    ("/nonexistent/model.gguf", "GGUF file /nonexistent/model.gguf does not exist"),
-    ("/tmp", "without config.json"),
-])
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("no-such-model", "unknown model 'no-such-model'"),
+        ("/nonexistent/model.gguf", "GGUF file /nonexistent/model.gguf does not exist"),
+        ("/tmp", "without config.json"),
+    ],
+)
 def test_unknown_models_fail_with_one_line_naming_them(spec, message):
     with pytest.raises(ModelNotFound) as info:
         load_model(spec)
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.unit
 def test_vllm_backend_is_skipped_with_its_reason_without_cuda():
     ok, why = vllm_available()
     if not ok:
@@ -112,6 +127,7 @@ def test_vllm_backend_is_skipped_with_its_reason_without_cuda():
     assert len(g.token_ids) == len(g.logprobs)
 
 
+@pytest.mark.unit
 def test_a_groups_samples_differ_and_each_depends_only_on_its_own_seed(tiny):
     """The G rollouts of a task get distinct seeds, so they are not copies of each other (GRPO's advantages would
     all be 0); a sample is the same whichever prompts were batched with it, and on every replay."""
@@ -126,9 +142,13 @@ def test_a_groups_samples_differ_and_each_depends_only_on_its_own_seed(tiny):
     assert [g.token_ids for g in again] == [g.token_ids for g in together]
 
 
+@pytest.mark.unit
 @settings(max_examples=200, deadline=None)
-@given(run_seed=st.integers(0, 2**63 - 1), task_ids=st.sets(st.text(min_size=1, max_size=40), min_size=1, max_size=20),
-       group=st.integers(2, 16))
+@given(
+    run_seed=st.integers(0, 2**63 - 1),
+    task_ids=st.sets(st.text(min_size=1, max_size=40), min_size=1, max_size=20),
+    group=st.integers(2, 16),
+)
 def test_every_rollout_of_a_run_gets_its_own_seed_and_a_replay_the_same(run_seed, task_ids, group):
     seeds = [rollout_seed(run_seed, task, i) for task in sorted(task_ids) for i in range(group)]
     assert len(set(seeds)) == len(seeds)
@@ -136,12 +156,19 @@ def test_every_rollout_of_a_run_gets_its_own_seed_and_a_replay_the_same(run_seed
     assert all(0 <= s < 2**63 for s in seeds)
 
 
+@pytest.mark.integration
 def test_the_gpu_check_runs_on_the_cpu_with_a_small_config():
     """tests/gpu/check.sh is what runs once a GPU is lent; on the CPU it proves it still imports and passes."""
     from conftest import ROOT
 
-    result = subprocess.run(["bash", "tests/gpu/check.sh", "--device", "cpu", "--small"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable})
+    result = subprocess.run(
+        ["bash", "tests/gpu/check.sh", "--device", "cpu", "--small"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     (line,) = result.stdout.strip().splitlines()
     report = json.loads(line)

@@ -9,23 +9,33 @@ import sys
 
 import boto3
 import pytest
+from conftest import free_port, genenv_cli, http_server
 
 from lake import Lake, LakeError, LakeFiles, read_table, silver
-
-from conftest import free_port, genenv_cli, http_server
 
 
 @pytest.fixture(scope="module")
 def s3():
     """moto's S3 server on a free local port; the AWS_* options that point genenv at it, with a bucket `lake`."""
     port = free_port()
-    server = http_server([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port,
-                         "moto's S3 server")
+    server = http_server(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port, "moto's S3 server"
+    )
     endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_ALLOW_HTTP": "true"}
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                          aws_secret_access_key="testing")
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ALLOW_HTTP": "true",
+    }
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     client.create_bucket(Bucket="lake")
     yield env, client
     server.kill()
@@ -37,13 +47,25 @@ def keys(client, prefix: str) -> set[str]:
     return {item["Key"] for page in pages for item in page.get("Contents", [])}
 
 
+@pytest.mark.e2e
 def test_a_quick_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_path, monkeypatch):
     env, client = s3
     root = "s3://lake/quick"
     # The run writes checkpoints through one local cache; the audit and replay start from an empty one, so
     # everything they load comes from the bucket.
-    run = genenv_cli("run", "--profile", "quick", "--lake", root, "--seed", "1", "--set", "agent.beta=0.04",
-                     env={**env, "GENENV_CACHE": str(tmp_path / "run-cache")}, timeout=900)
+    run = genenv_cli(
+        "run",
+        "--profile",
+        "quick",
+        "--lake",
+        root,
+        "--seed",
+        "1",
+        "--set",
+        "agent.beta=0.04",
+        env={**env, "GENENV_CACHE": str(tmp_path / "run-cache")},
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert "report uploaded to s3://lake/quick/reports/" in run.stdout
 
@@ -64,7 +86,9 @@ def test_a_quick_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_path, m
     assert not (tmp_path / "s3:").exists()
 
     valid = tasks.filter(tasks["valid"])["task_id"][0]
-    audit = genenv_cli("audit", "task", valid, "--lake", root, "--json", env={**env, "GENENV_CACHE": str(tmp_path / "audit-cache")})
+    audit = genenv_cli(
+        "audit", "task", valid, "--lake", root, "--json", env={**env, "GENENV_CACHE": str(tmp_path / "audit-cache")}
+    )
     assert audit.returncode == 0, audit.stderr[-2000:]
     record = json.loads(audit.stdout)
     assert len(record["rollouts"]) == 4 and record["checkpoints"]
@@ -72,10 +96,18 @@ def test_a_quick_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_path, m
     # Replay an epoch that registered a GRPO update of the agent (an epoch whose groups were all right or all
     # wrong trains nothing, and with the quick profile that can be epoch 1).
     updates = registry.filter((registry["model_kind"] == "agent") & registry["parent_version"].is_not_null())
-    replay = genenv_cli("replay", "--epoch", str(updates["epoch"].max()), "--lake", root, "--json",
-                        env={**env, "GENENV_CACHE": str(tmp_path / "replay-cache")}, timeout=600)
+    replay = genenv_cli(
+        "replay",
+        "--epoch",
+        str(updates["epoch"].max()),
+        "--lake",
+        root,
+        "--json",
+        env={**env, "GENENV_CACHE": str(tmp_path / "replay-cache")},
+        timeout=600,
+    )
     assert replay.returncode == 0, replay.stdout[-2000:] + replay.stderr[-3000:]
-    answer = json.loads(replay.stdout[replay.stdout.index("{"):])
+    answer = json.loads(replay.stdout[replay.stdout.index("{") :])
     assert answer["ok"] and answer["checkpoints"]
     for c in answer["checkpoints"]:
         assert c["replayed_sha256"] == c["recorded_sha256"], c
@@ -90,6 +122,7 @@ def test_a_quick_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_path, m
     assert read_table(lake, "registry/checkpoints").height == registry.height
 
 
+@pytest.mark.integration
 def test_a_run_config_in_the_bucket_is_written_once(s3, monkeypatch):
     env, client = s3
     for name, value in env.items():
@@ -101,20 +134,26 @@ def test_a_run_config_in_the_bucket_is_written_once(s3, monkeypatch):
     assert files.read_text("runs/none.toml") is None
 
 
-@pytest.mark.parametrize("root, message", [
-    ("gs://bucket/lake", "gs:// is not supported"),
-    ("s3://no-such-bucket/lake", "cannot reach the lake at s3://no-such-bucket/lake: NoSuchBucket"),
-])
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "root, message",
+    [
+        ("gs://bucket/lake", "gs:// is not supported"),
+        ("s3://no-such-bucket/lake", "cannot reach the lake at s3://no-such-bucket/lake: NoSuchBucket"),
+    ],
+)
 def test_a_remote_lake_genenv_cannot_use_stops_before_any_work(s3, root, message, tmp_path):
     env, _ = s3
-    result = genenv_cli("run", "--profile", "quick", "--lake", root, env={**env, "GENENV_CACHE": str(tmp_path)},
-                        timeout=120)
+    result = genenv_cli(
+        "run", "--profile", "quick", "--lake", root, env={**env, "GENENV_CACHE": str(tmp_path)}, timeout=120
+    )
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-2000:]
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "warm start" not in result.stdout
 
 
+@pytest.mark.integration
 def test_lake_refuses_an_unsupported_scheme_in_one_line():
     with pytest.raises(LakeError, match="az:// is not supported"):
         Lake("az://container/lake")

@@ -9,13 +9,14 @@ import subprocess
 import sys
 
 import pytest
-
+from conftest import ROOT
 from demo_events import epoch_events
+
 from lake import QUARANTINE, IngestConfig, Lake, ingest, read_table, silver
 from lake.tables import bronze
 from streams import EventProducer
 
-from conftest import ROOT
+pytestmark = pytest.mark.e2e
 
 VALID_A, VALID_B, POISONED = [e for e in epoch_events(run_id="poison", tasks=3, group=1) if e.KIND == "task"]
 BASE = json.loads(POISONED.to_json())
@@ -30,8 +31,10 @@ POISON = {  # the crash classes of the hostile-producer report, in its order
     "int_beyond_int64": [spliced("epoch", "9223372036854775808")],
     "bool_in_int_field": [json.dumps({**BASE, "epoch": True}).encode()],
     "lone_surrogate": [json.dumps({**BASE, "task_prompt": "\ud800"}).encode()],
-    "run_id_object_and_bool": [json.dumps({**BASE, "run_id": {"a": 1}}).encode(),
-                               json.dumps({**BASE, "run_id": False}).encode()],
+    "run_id_object_and_bool": [
+        json.dumps({**BASE, "run_id": {"a": 1}}).encode(),
+        json.dumps({**BASE, "run_id": False}).encode(),
+    ],
 }
 
 KILLED_AFTER_BRONZE = """
@@ -74,14 +77,37 @@ def test_a_poison_record_is_quarantined_and_its_neighbours_land_also_after_a_sig
 
     killed = tmp_path / "killed"
     Lake(killed)
-    child = subprocess.run([sys.executable, "-c", KILLED_AFTER_BRONZE.format(
-        root=str(ROOT), lake=str(killed), bootstrap=broker.bootstrap, records=2 + len(poison))], timeout=300)
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            KILLED_AFTER_BRONZE.format(
+                root=str(ROOT), lake=str(killed), bootstrap=broker.bootstrap, records=2 + len(poison)
+            ),
+        ],
+        timeout=300,
+    )
     assert child.returncode == -9
     assert read_table(Lake(killed, create=False), bronze(VALID_A.TOPIC)).height == 2 + len(poison)
     assert read_table(Lake(killed, create=False), silver("task")).height == 0
     for _ in range(2):  # the restart recovers; a second restart finds nothing left to do
-        restart = subprocess.run([sys.executable, "-m", "engine.cli", "ingest", "--lake", str(killed),
-                                  "--bootstrap", broker.bootstrap, "--idle-exit", "1"],
-                                 cwd=ROOT, capture_output=True, text=True, timeout=300)
+        restart = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "engine.cli",
+                "ingest",
+                "--lake",
+                str(killed),
+                "--bootstrap",
+                broker.bootstrap,
+                "--idle-exit",
+                "1",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert restart.returncode == 0, restart.stderr[-2000:]
         assert_outcome(Lake(killed, create=False), poison)

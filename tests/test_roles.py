@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from engine.coevolution import CoEvolution, Rollouts, Scorer, Simulator, Updater, load_config
 from engine.domains import get_domain
@@ -16,7 +17,7 @@ from engine.workers import ROLES, worker
 from lake import Lake
 from trainers import ModelNotFound
 
-from conftest import ROOT
+pytestmark = pytest.mark.unit
 
 
 def tree(root: Path) -> dict[str, int]:
@@ -28,16 +29,23 @@ def test_building_a_role_loads_no_model_and_opens_no_connection(tmp_path):
     listener.setblocking(False)
     bootstrap = f"127.0.0.1:{listener.getsockname()[1]}"
     missing = str(tmp_path / "no-such-model")  # loading it would raise ModelNotFound
-    config = dataclasses.replace(load_config("quick", None, ["mode=genenv", "seed=3"]),
-                                 agent_model=missing, env_model=missing)
+    config = dataclasses.replace(
+        load_config("quick", None, ["mode=genenv", "seed=3"]), agent_model=missing, env_model=missing
+    )
     lake = Lake(tmp_path / "lake")
     before = tree(tmp_path)
 
     domain = get_domain(config.domain)
     simulator, rollouts = Simulator(config, domain, "r1"), Rollouts(config, domain, "r1")
-    built = [simulator, rollouts, Scorer(config, domain, "r1"), Updater("agent", config, "r1"), Updater("env", config, "r1"),
-             CoEvolution(config, lake, writer=None, run_id="r1"),
-             *[worker(role, config, lake, bootstrap, "r1") for role in ROLES]]
+    built = [
+        simulator,
+        rollouts,
+        Scorer(config, domain, "r1"),
+        Updater("agent", config, "r1"),
+        Updater("env", config, "r1"),
+        CoEvolution(config, lake, writer=None, run_id="r1"),
+        *[worker(role, config, lake, bootstrap, "r1") for role in ROLES],
+    ]
 
     assert len(built) == 6 + len(ROLES)
     assert simulator.model is None and rollouts.model is None
@@ -55,8 +63,12 @@ def test_no_module_calls_another_modules_private_names():
     for package in ("engine", "lake", "streams", "trainers"):
         for path in (ROOT / package).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
-                        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                ):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
                 if isinstance(node, ast.ImportFrom) and any(a.name.startswith("_") for a in node.names):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: import {[a.name for a in node.names]}")

@@ -17,11 +17,11 @@ from pathlib import Path
 import polars as pl
 import psutil
 import pytest
+from conftest import ROOT, genenv_cli
+from demo_events import epoch_events, publish
 from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from conftest import ROOT, genenv_cli
-from demo_events import epoch_events, publish
 from lake import SCHEMAS, Lake, LeaseHeld, read_table, silver
 from lake.lease import LEASES, Lease
 from streams import HeldOffsets
@@ -51,6 +51,7 @@ def assert_whole(lake: Lake, group_size: int) -> None:
         assert versions.is_unique().all()
 
 
+@pytest.mark.unit
 def test_held_offsets_commit_below_the_first_message_whose_work_is_pending():
     class Message:
         def __init__(self, topic, partition, offset):
@@ -73,14 +74,40 @@ def test_held_offsets_commit_below_the_first_message_whose_work_is_pending():
     assert held.to_commit() == {}
 
 
+@pytest.mark.e2e
 def test_two_rollout_and_two_reward_workers_share_the_work_once(tmp_path):
     """seeds-only with 16 tasks an epoch, so that every round has tasks on every partition (the tiny simulator's own
     tasks are mostly invalid: with 4 of them one worker may get them all)."""
     root = tmp_path / "lake"
-    result = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--profile", "quick", "--async", "--lake", str(root),
-                             "--seed", "2", "--epochs", "3", "--mode", "seeds-only", "--set", "tasks_per_epoch=16",
-                             "--set", "rollout_workers=2", "--set", "reward_workers=2"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "run",
+            "--profile",
+            "quick",
+            "--async",
+            "--lake",
+            str(root),
+            "--seed",
+            "2",
+            "--epochs",
+            "3",
+            "--mode",
+            "seeds-only",
+            "--set",
+            "tasks_per_epoch=16",
+            "--set",
+            "rollout_workers=2",
+            "--set",
+            "reward_workers=2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     lake = Lake(root, create=False)
     assert_whole(lake, group_size=4)
@@ -98,19 +125,39 @@ def workers(run: subprocess.Popen, role: str) -> list[psutil.Process]:
             line = child.cmdline()
         except psutil.Error:
             continue
-        if "engine.cli" in line and (line[line.index("engine.cli") + 1:][:2] == ["worker", role]
-                                     or (role == "ingest" and "ingest" in line)):
+        if "engine.cli" in line and (
+            line[line.index("engine.cli") + 1 :][:2] == ["worker", role] or (role == "ingest" and "ingest" in line)
+        ):
             found.append(child)
     return found
 
 
+@pytest.mark.e2e
 def test_workers_killed_mid_run_are_restarted_and_nothing_is_lost_or_doubled(tmp_path):
     """SIGKILL one worker of each role in turn during an async quick run: the supervisor restarts it, the run
     succeeds, each restart is in the lake and in the epoch's audit, and no task lacks or repeats any work."""
     root = tmp_path / "lake"
-    run = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", "--profile", "quick", "--async", "--lake", str(root),
-                            "--seed", "3", "--epochs", "3"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "run",
+            "--profile",
+            "quick",
+            "--async",
+            "--lake",
+            str(root),
+            "--seed",
+            "3",
+            "--epochs",
+            "3",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     killed = []
     try:
         for role in ("rollout", "reward", "ingest", "train-agent", "simulator"):
@@ -133,11 +180,17 @@ def test_workers_killed_mid_run_are_restarted_and_nothing_is_lost_or_doubled(tmp
     assert set(killed) <= set(restarts["role"]), restarts
     assert (restarts["exit_code"] == -signal.SIGKILL).all()
     epoch = int(restarts["epoch"][0])
-    audit = subprocess.run([sys.executable, "-m", "engine.cli", "audit", "epoch", str(epoch), "--lake", str(root), "--json"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    audit = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "audit", "epoch", str(epoch), "--lake", str(root), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert audit.returncode == 0 and "worker_restarts" in audit.stdout and restarts["worker"][0] in audit.stdout
 
 
+@pytest.mark.integration
 def test_a_lease_is_taken_by_one_owner_and_a_stale_view_cannot_take_it(lake):
     from deltalake import DeltaTable
 
@@ -162,6 +215,7 @@ def test_a_lease_is_taken_by_one_owner_and_a_stale_view_cannot_take_it(lake):
     first.take()
 
 
+@pytest.mark.integration
 def test_a_lease_renewed_for_days_keeps_its_table_small(lake, monkeypatch):
     """Each renewal replaces the name's row; every TIDY_EVERY commits the holder deletes what is older than
     KEEP_HOURS (here: everything replaced, every 10 commits), so the files do not grow with the run's length."""
@@ -180,13 +234,31 @@ def test_a_lease_renewed_for_days_keeps_its_table_small(lake, monkeypatch):
     assert len(list((table / "_delta_log").glob("*.json"))) < 25, "old log entries were not deleted"
 
 
+@pytest.mark.e2e
 def test_a_second_ingestor_refuses_before_writing_and_takes_over_once_the_owner_is_gone(tmp_path, broker):
     """The lease names a live owner; once it is SIGKILLed, a new ingestor on this host takes over at once (the
     owner's process is gone) and lands everything exactly once."""
     root = tmp_path / "lake"
-    owner = subprocess.Popen([sys.executable, "-m", "engine.cli", "ingest", "--lake", str(root), "--bootstrap",
-                              broker.bootstrap, "--lease-ttl", "4", "--max-batch-ms", "200"], cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "ingest",
+            "--lake",
+            str(root),
+            "--bootstrap",
+            broker.bootstrap,
+            "--lease-ttl",
+            "4",
+            "--max-batch-ms",
+            "200",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (root / LEASES).is_dir():
@@ -199,8 +271,9 @@ def test_a_second_ingestor_refuses_before_writing_and_takes_over_once_the_owner_
         while time.monotonic() < deadline and read_table(lake, silver("task")).height < 4:
             time.sleep(0.5)
         before = {name: lake.version(name) for name in SCHEMAS if name != LEASES}
-        second = genenv_cli("ingest", "--lake", str(root), "--bootstrap", broker.bootstrap, "--idle-exit", "1",
-                            timeout=300)
+        second = genenv_cli(
+            "ingest", "--lake", str(root), "--bootstrap", broker.bootstrap, "--idle-exit", "1", timeout=300
+        )
         assert second.returncode == 2, second.stderr
         assert second.stderr.strip().count("\n") == 0 and "held by ingest@" in second.stderr, second.stderr
         assert {name: lake.version(name) for name in SCHEMAS if name != LEASES} == before, "the refused one wrote"
@@ -209,8 +282,18 @@ def test_a_second_ingestor_refuses_before_writing_and_takes_over_once_the_owner_
         owner.wait()
     later = epoch_events("run-lease", 1)
     publish(broker.bootstrap, later)  # while nobody ingests
-    taker = genenv_cli("ingest", "--lake", str(root), "--bootstrap", broker.bootstrap, "--idle-exit", "3",
-                       "--lease-ttl", "4", timeout=300)
+    taker = genenv_cli(
+        "ingest",
+        "--lake",
+        str(root),
+        "--bootstrap",
+        broker.bootstrap,
+        "--idle-exit",
+        "3",
+        "--lease-ttl",
+        "4",
+        timeout=300,
+    )
     assert taker.returncode == 0, taker.stderr[-2000:]
     for kind in ("task", "rollout", "reward", "batch"):
         landed = read_table(lake, silver(kind))
@@ -218,14 +301,33 @@ def test_a_second_ingestor_refuses_before_writing_and_takes_over_once_the_owner_
         assert landed.height == len(sent) and set(landed["event_id"]) == {e.event_id for e in sent}, kind
 
 
+@pytest.mark.e2e
 def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
     """SIGKILL the run's embedded broker once the lake holds some of its rollouts: the run stops with one line
     saying how to resume; `genenv run --async --resume` (a fresh broker) completes it, nothing is duplicated and
     every task's audit is whole."""
     root = tmp_path / "lake"
-    run = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", "--profile", "quick", "--async", "--lake", str(root),
-                            "--seed", "4", "--epochs", "3"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "run",
+            "--profile",
+            "quick",
+            "--async",
+            "--lake",
+            str(root),
+            "--seed",
+            "4",
+            "--epochs",
+            "3",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 600
         landed = 0
@@ -244,31 +346,59 @@ def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
         if run.poll() is None:
             run.kill()
     assert run.returncode == 1, out[-2000:] + err[-2000:]
-    line = [l for l in err.splitlines() if "--resume" in l]
+    line = [text for text in err.splitlines() if "--resume" in text]
     assert line and "stopped answering" in line[0], err[-2000:]
     run_id = line[0].split("--resume ")[1].split()[0]
 
-    resumed = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--async", "--resume", run_id, "--lake", str(root)],
-                             cwd=ROOT, capture_output=True, text=True, timeout=900)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "run", "--async", "--resume", run_id, "--lake", str(root)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"resuming run {run_id}" in resumed.stdout
     lake = Lake(root, create=False)
     assert_whole(lake, group_size=4)
     tasks = of_run(read_table(lake, silver("task"))).filter(pl.col("valid"))
     for task_id in tasks["task_id"].to_list()[:3]:
-        audit = subprocess.run([sys.executable, "-m", "engine.cli", "audit", "task", task_id, "--lake", str(root), "--json"],
-                               cwd=ROOT, capture_output=True, text=True, timeout=300)
+        audit = subprocess.run(
+            [sys.executable, "-m", "engine.cli", "audit", "task", task_id, "--lake", str(root), "--json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert audit.returncode == 0 and len(json.loads(audit.stdout)["rollouts"]) == 4, audit.stdout[-2000:]
 
 
+@pytest.mark.e2e
 def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
     """SIGKILL a sync run (and its embedded broker) just after its first GRPO checkpoint is registered; `genenv run
     --resume` finishes it: every epoch is in the lake, every valid task has its rollouts and one score, and the
     report covers every epoch."""
     root = tmp_path / "lake"
-    run = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", "--profile", "quick", "--lake", str(root),
-                            "--seed", "5", "--epochs", "3"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           text=True)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "run",
+            "--profile",
+            "quick",
+            "--lake",
+            str(root),
+            "--seed",
+            "5",
+            "--epochs",
+            "3",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 600
         trained = False
@@ -287,8 +417,13 @@ def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
         run.wait()
     (config,) = (root / "runs").glob("*.toml")
     run_id = config.stem
-    resumed = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--resume", run_id, "--lake", str(root)],
-                             cwd=ROOT, capture_output=True, text=True, timeout=900)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "run", "--resume", run_id, "--lake", str(root)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"resuming run {run_id} after epoch" in resumed.stdout
     lake = Lake(root, create=False)
@@ -298,12 +433,33 @@ def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
     assert [m["epoch"] for m in report["epochs"]] == [0, 1, 2]
 
 
+@pytest.mark.e2e
 def test_a_run_without_an_epoch_limit_stops_cleanly_on_sigterm(tmp_path):
     """seeds-only, so that every round has valid tasks to train on (the tiny simulator's are mostly invalid)."""
     root = tmp_path / "lake"
-    run = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", "--profile", "quick", "--async", "--lake", str(root),
-                            "--seed", "6", "--epochs", "0", "--mode", "seeds-only"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "run",
+            "--profile",
+            "quick",
+            "--async",
+            "--lake",
+            str(root),
+            "--seed",
+            "6",
+            "--epochs",
+            "0",
+            "--mode",
+            "seeds-only",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 600
         updates = 0
@@ -328,6 +484,7 @@ def test_a_run_without_an_epoch_limit_stops_cleanly_on_sigterm(tmp_path):
     assert rollouts["rollout_id"].is_unique().all() and (rollouts.group_by("task_id").len()["len"] <= 4).all()
     assert of_run(read_table(lake, silver("reward")))["rollout_id"].is_unique().all()
     assert registry(lake, "agent")["version"].is_unique().all()
+
     def on_this_lake(process) -> bool:
         try:
             return str(root) in " ".join(process.cmdline())

@@ -11,18 +11,28 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import genenv_cli
 
 from engine.coevolution import publish_checkpoint
 from lake import Lake, ingest, read_pool
 from streams import BatchScored, EventProducer, RewardScored, RolloutCompleted, TaskGenerated
 from trainers import (
-    CheckpointError, GRPOConfig, GRPOTrainer, OptimizerState, RWRConfig, RWRTrainer, SamplingConfig, TrainError,
-    TransformersBackend, load_checkpoint, load_model, registry, render_prompt, train_update,
+    CheckpointError,
+    GRPOConfig,
+    GRPOTrainer,
+    RWRConfig,
+    RWRTrainer,
+    SamplingConfig,
+    TrainError,
+    TransformersBackend,
+    load_checkpoint,
+    load_model,
+    registry,
+    render_prompt,
+    train_update,
 )
 from trainers.grpo import select_rows as select_rollouts
 from trainers.rwr import select_rows as select_generations
-
-from conftest import genenv_cli
 
 DIGITS = set("0123456789")
 
@@ -33,21 +43,35 @@ def digit_share(text: str) -> float:
 
 def sample(loaded, prompts: list[str], group: int, seed: int, tokens: int = 8):
     backend = TransformersBackend(loaded.model, loaded.tokenizer, batch_size=64)
-    return backend.generate([p for p in prompts for _ in range(group)], SamplingConfig(max_new_tokens=tokens, seed=seed))
+    return backend.generate(
+        [p for p in prompts for _ in range(group)], SamplingConfig(max_new_tokens=tokens, seed=seed)
+    )
 
 
 def rollout_rows(generations, group: int, version: str = "0") -> pl.DataFrame:
-    return pl.DataFrame([{
-        "rollout_id": f"r{i}", "task_id": f"t{i // group}", "group_index": i % group, "agent_model_version": version,
-        "prompt": g.prompt, "completion": g.text, "completion_token_ids": g.token_ids,
-        "behaviour_logprobs": g.logprobs, "reward": digit_share(g.text),
-    } for i, g in enumerate(generations)])
+    return pl.DataFrame(
+        [
+            {
+                "rollout_id": f"r{i}",
+                "task_id": f"t{i // group}",
+                "group_index": i % group,
+                "agent_model_version": version,
+                "prompt": g.prompt,
+                "completion": g.text,
+                "completion_token_ids": g.token_ids,
+                "behaviour_logprobs": g.logprobs,
+                "reward": digit_share(g.text),
+            }
+            for i, g in enumerate(generations)
+        ]
+    )
 
 
 def mean_reward(generations) -> float:
     return sum(digit_share(g.text) for g in generations) / len(generations)
 
 
+@pytest.mark.unit
 def test_grpo_raises_the_mean_reward_on_tiny():
     agent = load_model("tiny", seed=0)
     prompts = [render_prompt(agent.tokenizer, f"count {i}") for i in range(8)]
@@ -62,6 +86,7 @@ def test_grpo_raises_the_mean_reward_on_tiny():
     assert after > 2 * before and after > 0.1, (before, after)
 
 
+@pytest.mark.unit
 def test_rwr_moves_the_simulator_toward_high_weight_generations():
     simulator = load_model("tiny", seed=1)
     prompt = render_prompt(simulator.tokenizer, "write a task")
@@ -70,15 +95,26 @@ def test_rwr_moves_the_simulator_toward_high_weight_generations():
     before = mean_reward(sample(simulator, [prompt], 64, seed=999))
     for step in range(16):
         generations = sample(simulator, [prompt], 64, seed=200 + step)
-        rows = pl.DataFrame([{
-            "task_id": f"t{i}", "batch_id": "b", "sim_prompt": g.prompt, "raw_generation": g.text, "valid": True,
-            "filtered": False, "env_reward": digit_share(g.text),
-        } for i, g in enumerate(generations)])
+        rows = pl.DataFrame(
+            [
+                {
+                    "task_id": f"t{i}",
+                    "batch_id": "b",
+                    "sim_prompt": g.prompt,
+                    "raw_generation": g.text,
+                    "valid": True,
+                    "filtered": False,
+                    "env_reward": digit_share(g.text),
+                }
+                for i, g in enumerate(generations)
+            ]
+        )
         trainer.train(select_generations(rows)[0])
     after = mean_reward(sample(simulator, [prompt], 64, seed=999))
     assert after > 2 * before and after > 0.1, (before, after)
 
 
+@pytest.mark.unit
 def test_stale_rows_are_dropped_or_importance_weighted():
     agent = load_model("tiny", seed=0)
     rows = rollout_rows(sample(agent, [render_prompt(agent.tokenizer, "x")], 4, seed=1), 4)
@@ -95,13 +131,15 @@ def test_stale_rows_are_dropped_or_importance_weighted():
     assert kept.is_empty() and dropped == {"stale": 2, "unknown_version": 1, "zero_std_group": 1}
 
 
+@pytest.mark.unit
 def test_groups_whose_rewards_all_agree_and_rows_of_another_temperature_are_left_out():
     agent = load_model("tiny", seed=0)
     prompts = [render_prompt(agent.tokenizer, p) for p in ("x", "y")]
     rows = rollout_rows(sample(agent, prompts, 4, seed=1), 4)
     assert rows["task_id"].n_unique() == 2
-    rows = rows.with_columns(pl.Series("reward", [1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
-                             pl.Series("temperature", [1.0] * 7 + [0.5]))
+    rows = rows.with_columns(
+        pl.Series("reward", [1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]), pl.Series("temperature", [1.0] * 7 + [0.5])
+    )
     kept, dropped = select_rollouts(rows, 0, GRPOConfig(temperature=1.0))
     assert kept.height == 4 and kept["task_id"].n_unique() == 1 and kept["reward"].to_list() == [1.0, 0.0, 1.0, 1.0]
     assert dropped == {"zero_std_group": 3, "other_temperature": 1}
@@ -109,7 +147,10 @@ def test_groups_whose_rewards_all_agree_and_rows_of_another_temperature_are_left
 
 # -- through the lake: pools, checkpoints, the registry, the command line ---------------------------------------
 
-def publish_epoch(bootstrap: str, run_id: str = "t", epoch: int = 0, tasks: int = 4, group: int = 4, seed: int = 0) -> None:
+
+def publish_epoch(
+    bootstrap: str, run_id: str = "t", epoch: int = 0, tasks: int = 4, group: int = 4, seed: int = 0
+) -> None:
     """One epoch of real tiny-model rollouts (digit-share rewards), as the engine's workers would publish it."""
     agent = load_model("tiny", seed=0)
     prompts = [render_prompt(agent.tokenizer, f"count {i}") for i in range(tasks)]
@@ -119,24 +160,65 @@ def publish_epoch(bootstrap: str, run_id: str = "t", epoch: int = 0, tasks: int 
     successes = 0
     for t, prompt in enumerate(prompts):
         task_id = f"{run_id}-e{epoch}-t{t}"
-        events.append(TaskGenerated(run_id=run_id, epoch=epoch, task_id=task_id, batch_id=batch_id, domain="toy",
-                                    env_model_version="0", sim_prompt=render_prompt(agent.tokenizer, "write a task"),
-                                    raw_generation=f"count {t}", task_prompt=prompt))
+        events.append(
+            TaskGenerated(
+                run_id=run_id,
+                epoch=epoch,
+                task_id=task_id,
+                batch_id=batch_id,
+                domain="toy",
+                env_model_version="0",
+                sim_prompt=render_prompt(agent.tokenizer, "write a task"),
+                raw_generation=f"count {t}",
+                task_prompt=prompt,
+            )
+        )
         for g in range(group):
             gen = generations[t * group + g]
             rollout_id = f"{task_id}-r{g}"
             reward = digit_share(gen.text)
             successes += reward > 0
-            events.append(RolloutCompleted(run_id=run_id, epoch=epoch, rollout_id=rollout_id, task_id=task_id,
-                                           group_index=g, agent_model_version="0", prompt=gen.prompt,
-                                           completion=gen.text, completion_token_ids=gen.token_ids,
-                                           behaviour_logprobs=gen.logprobs))
-            events.append(RewardScored(run_id=run_id, epoch=epoch, rollout_id=rollout_id, task_id=task_id,
-                                       reward=reward, success=reward > 0))
+            events.append(
+                RolloutCompleted(
+                    run_id=run_id,
+                    epoch=epoch,
+                    rollout_id=rollout_id,
+                    task_id=task_id,
+                    group_index=g,
+                    agent_model_version="0",
+                    prompt=gen.prompt,
+                    completion=gen.text,
+                    completion_token_ids=gen.token_ids,
+                    behaviour_logprobs=gen.logprobs,
+                )
+            )
+            events.append(
+                RewardScored(
+                    run_id=run_id,
+                    epoch=epoch,
+                    rollout_id=rollout_id,
+                    task_id=task_id,
+                    reward=reward,
+                    success=reward > 0,
+                )
+            )
     p_hat = successes / (tasks * group)
-    events.append(BatchScored(run_id=run_id, epoch=epoch, batch_id=batch_id, task_ids=[e.task_id for e in events if e.KIND == "task"],
-                              granularity="batch", p_hat=p_hat, env_reward=1 - abs(p_hat - 0.5), weight=1.0,
-                              filtered=False, n_tasks=tasks, n_rollouts=tasks * group, n_success=successes))
+    events.append(
+        BatchScored(
+            run_id=run_id,
+            epoch=epoch,
+            batch_id=batch_id,
+            task_ids=[e.task_id for e in events if e.KIND == "task"],
+            granularity="batch",
+            p_hat=p_hat,
+            env_reward=1 - abs(p_hat - 0.5),
+            weight=1.0,
+            filtered=False,
+            n_tasks=tasks,
+            n_rollouts=tasks * group,
+            n_success=successes,
+        )
+    )
     with EventProducer(bootstrap) as producer:
         for event in events:
             producer.send(event)
@@ -151,10 +233,12 @@ def pool_lake(broker, lake, runner) -> Lake:
 
 
 # filter_groups off: these tests count the rows of lineage; dynamic sampling has its own test.
-FAST_AGENT = GRPOConfig(learning_rate=1e-3, per_device_train_batch_size=4, gradient_accumulation_steps=2, seed=7,
-                        filter_groups=False)
+FAST_AGENT = GRPOConfig(
+    learning_rate=1e-3, per_device_train_batch_size=4, gradient_accumulation_steps=2, seed=7, filter_groups=False
+)
 
 
+@pytest.mark.integration
 def test_same_pool_seed_and_parent_give_a_bit_identical_checkpoint(pool_lake):
     first = train_update("agent", pool_lake, FAST_AGENT, base_model="tiny")
     second = train_update("agent", pool_lake, FAST_AGENT, base_model="tiny")
@@ -168,6 +252,7 @@ def test_same_pool_seed_and_parent_give_a_bit_identical_checkpoint(pool_lake):
     assert lineage["base_model"] == "tiny" and lineage["parent_version"] == 0
 
 
+@pytest.mark.integration
 def test_checkpoints_register_chain_and_load_by_version(pool_lake, broker):
     record = train_update("agent", pool_lake, FAST_AGENT, base_model="tiny")
     publish_checkpoint(pool_lake, broker.bootstrap, record, run_id="t", epoch=0)
@@ -190,6 +275,7 @@ def test_checkpoints_register_chain_and_load_by_version(pool_lake, broker):
     assert (env.version, env.pool_table, env.metrics["rows"]) == (1, "gold/d_env", 8)
 
 
+@pytest.mark.integration
 def test_a_corrupt_checkpoint_is_refused_with_one_line(pool_lake, broker):
     record = train_update("agent", pool_lake, FAST_AGENT, base_model="tiny")
     publish_checkpoint(pool_lake, broker.bootstrap, record, run_id="t", epoch=0)
@@ -204,10 +290,22 @@ def test_a_corrupt_checkpoint_is_refused_with_one_line(pool_lake, broker):
         load_checkpoint(pool_lake, "agent", 5)
 
 
+@pytest.mark.integration
 def test_genenv_train_cli_trains_publishes_and_refuses_bad_input_with_one_line(pool_lake):
     root = pool_lake.root
-    ok = genenv_cli("train", "agent", "--lake", root, "--model", "tiny", "--set", "learning_rate=1e-3",
-                    "--set", "per_device_train_batch_size=8", timeout=600)
+    ok = genenv_cli(
+        "train",
+        "agent",
+        "--lake",
+        root,
+        "--model",
+        "tiny",
+        "--set",
+        "learning_rate=1e-3",
+        "--set",
+        "per_device_train_batch_size=8",
+        timeout=600,
+    )
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert registry(pool_lake, "agent")["version"].to_list() == [1]
 
@@ -228,22 +326,28 @@ def test_genenv_train_cli_trains_publishes_and_refuses_bad_input_with_one_line(p
     assert not (Path(root) / "checkpoints" / "env").exists()
 
 
+@pytest.mark.integration
 def test_an_empty_pool_is_a_one_line_error(lake):
     with pytest.raises(TrainError) as info:
         train_update("agent", lake, FAST_AGENT, base_model="tiny")
     assert "gold/d_train@0 holds no rows" in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.integration
 def test_lora_updates_merge_into_a_plain_checkpoint(pool_lake):
     config = GRPOConfig(**{**FAST_AGENT.__dict__, "use_peft": True, "lora_r": 4, "lora_alpha": 8})
     record = train_update("agent", pool_lake, config, base_model="tiny")
     loaded = load_model(str(Path(pool_lake.root) / record.path))  # a plain transformers model: adapters folded in
     base = load_model("tiny")
-    changed = [name for name, tensor in loaded.model.state_dict().items()
-               if not __import__("torch").equal(tensor, base.model.state_dict()[name])]
+    changed = [
+        name
+        for name, tensor in loaded.model.state_dict().items()
+        if not __import__("torch").equal(tensor, base.model.state_dict()[name])
+    ]
     assert changed and all("proj" in name for name in changed), changed
 
 
+@pytest.mark.integration
 def test_updates_continue_one_optimiser_through_the_checkpoints(pool_lake, broker):
     """An update continues the AdamW state and schedule its parent's update saved beside the checkpoint (so a
     restarted trainer, a resume and a replay continue it too); from the base model it starts fresh."""
@@ -251,8 +355,15 @@ def test_updates_continue_one_optimiser_through_the_checkpoints(pool_lake, broke
 
     from trainers.checkpoints import load_optimizer_state
 
-    config = GRPOConfig(learning_rate=1e-3, per_device_train_batch_size=4, seed=7, lr_scheduler_type="linear",
-                        warmup_steps=2, max_steps=20, filter_groups=False)  # 16 rows: 4 steps
+    config = GRPOConfig(
+        learning_rate=1e-3,
+        per_device_train_batch_size=4,
+        seed=7,
+        lr_scheduler_type="linear",
+        warmup_steps=2,
+        max_steps=20,
+        filter_groups=False,
+    )  # 16 rows: 4 steps
     first = train_update("agent", pool_lake, config, base_model="tiny")
     assert first.metrics["optimizer"] == "fresh" and first.metrics["optimizer_steps"] == 4
     publish_checkpoint(pool_lake, broker.bootstrap, first, run_id="t", epoch=0)
@@ -273,6 +384,7 @@ def test_updates_continue_one_optimiser_through_the_checkpoints(pool_lake, broke
         train_update("agent", pool_lake, config, parent_version=1)
 
 
+@pytest.mark.unit
 def test_a_step_is_the_mean_of_the_micro_batches_it_has():
     """Steps of gradient_accumulation_steps micro-batches, the last one of a pass taking what is left, each the
     mean over its own micro-batches: 4 micro-batches with accumulation 3 are steps of 3 and 1 in each pass."""

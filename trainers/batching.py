@@ -75,9 +75,12 @@ class SharedPrefixBatch:
         """The same rows as one packed batch, every prompt repeated for each of its rows."""
         prompt_ids, prompt_mask = self.prompt_ids[self.prompt_of_row], self.prompt_mask[self.prompt_of_row]
         completion_pad = torch.where(self.completion_mask.bool(), self.completion_ids, self.pad_id)
-        return TokenBatch(torch.cat([prompt_ids, completion_pad], dim=1),
-                          torch.cat([prompt_mask, self.completion_mask], dim=1), self.completion_ids,
-                          self.completion_mask)
+        return TokenBatch(
+            torch.cat([prompt_ids, completion_pad], dim=1),
+            torch.cat([prompt_mask, self.completion_mask], dim=1),
+            self.completion_ids,
+            self.completion_mask,
+        )
 
 
 def pack_shared(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int) -> SharedPrefixBatch:
@@ -93,7 +96,8 @@ def pack_shared(prompt_ids: list[list[int]], completion_ids: list[list[int]], pa
         torch.tensor([index[tuple(p)] for p in prompt_ids]),
         torch.tensor([list(c) + [0] * (C - len(c)) for c in completion_ids]),
         torch.tensor([[1] * len(c) + [0] * (C - len(c)) for c in completion_ids]),
-        pad_id)
+        pad_id,
+    )
 
 
 # transformers 5 names the key/value cache `cache` (argument and output); earlier versions `past_key_values`.
@@ -111,14 +115,21 @@ def completion_logps(model, batch: TokenBatch | SharedPrefixBatch, temperature: 
     device = next(model.parameters()).device
     mask = batch.attention_mask.to(device)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=batch.input_ids.to(device), attention_mask=mask, position_ids=position_ids,
-                   logits_to_keep=C + 1, use_cache=False).logits[:, :-1]
+    logits = model(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=mask,
+        position_ids=position_ids,
+        logits_to_keep=C + 1,
+        use_cache=False,
+    ).logits[:, :-1]
     return chosen_logps(logits, batch.completion_ids.to(device), temperature)
 
 
 def checkpointed(model) -> bool:
     """Whether the model recomputes activations in the backward pass (and so keeps no key/value cache)."""
-    name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    name = (
+        "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    )
     return bool(getattr(model, name, False))
 
 
@@ -142,17 +153,26 @@ def shared_prefix_logps(model, batch: SharedPrefixBatch, temperature: float = 1.
     """completion_logps with each distinct prompt encoded once (the shared-prefix forward)."""
     device = next(model.parameters()).device
     prompt_mask, rows = batch.prompt_mask.to(device), batch.prompt_of_row.to(device)
-    encoded = model(input_ids=batch.prompt_ids.to(device), attention_mask=prompt_mask,
-                    position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0), use_cache=True, logits_to_keep=1)
+    encoded = model(
+        input_ids=batch.prompt_ids.to(device),
+        attention_mask=prompt_mask,
+        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+    )
     cache = getattr(encoded, CACHE)
     select_rows(cache, rows, batch.prompt_ids.shape[0])  # each row's prompt keys and values: gradients reach the prompt
     completion_mask = batch.completion_mask.to(device)
     C = batch.completion_width
     # Each completion continues its prompt's positions; it attends to its own prompt (padding masked) and itself.
     positions = prompt_mask.sum(-1)[rows].unsqueeze(1) + torch.arange(C, device=device)
-    continued = model(input_ids=batch.completion_ids.to(device),
-                      attention_mask=torch.cat([prompt_mask[rows], completion_mask], dim=1),
-                      position_ids=positions, use_cache=True, **{CACHE: cache})
+    continued = model(
+        input_ids=batch.completion_ids.to(device),
+        attention_mask=torch.cat([prompt_mask[rows], completion_mask], dim=1),
+        position_ids=positions,
+        use_cache=True,
+        **{CACHE: cache},
+    )
     # The first completion token is predicted at the prompt's last position, the others inside the completion.
     logits = torch.cat([encoded.logits[:, -1:][rows], continued.logits[:, :-1]], dim=1)
     return chosen_logps(logits, batch.completion_ids.to(device), temperature)

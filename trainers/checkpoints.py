@@ -1,9 +1,9 @@
 """Checkpoints: whole model folders under the lake root, addressed by (kind, version), checked by sha256.
 
     <lake>/checkpoints/<kind>/v<version>/
-        model.safetensors, config.json, tokenizer files    a folder transformers loads as it is
-        genenv.json                                         the lineage: parent, base model, pool + version, config, seed
-        optimizer.pt                                        the AdamW state and lineage step the update ended with
+        model.safetensors, config.json, tokenizer files   a folder transformers loads as it is
+        genenv.json                                        the lineage: parent, base model, pool + version, config, seed
+        optimizer.pt                                       the AdamW state and lineage step the update ended with
 
 Invariants:
 - A checkpoint folder appears whole or not at all: it is written beside its final name, then renamed.
@@ -32,11 +32,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import polars as pl
-
 import torch
 
 from lake import (
-    CHECKPOINTS, Lake, StorageError, checkpoint_path, file_sha256, read_table, weights_refusal, write_weights_manifest,
+    CHECKPOINTS,
+    Lake,
+    StorageError,
+    checkpoint_path,
+    file_sha256,
+    read_table,
+    weights_refusal,
+    write_weights_manifest,
 )
 
 from .loop import OptimizerState
@@ -89,8 +95,9 @@ def fetch_checkpoint(lake: Lake, kind: str, version: int, sha256: str) -> Path:
     """checkpoint_dir, holding the lake's copy of the checkpoint (downloaded from a remote lake unless the cache
     already has weights with `sha256`)."""
     try:
-        return lake.files.fetch_folder(checkpoint_path(kind, version),
-                                       lambda cached: weights_refusal(cached, sha256) is None)
+        return lake.files.fetch_folder(
+            checkpoint_path(kind, version), lambda cached: weights_refusal(cached, sha256) is None
+        )
     except StorageError as exc:
         raise CheckpointError(f"{kind} checkpoint version {version}: {exc}") from None
 
@@ -102,8 +109,15 @@ def config_hash(config) -> str:
 SHARD_SIZE = "2GB"  # weights above it are written as shards with a manifest (lake/registry.py)
 
 
-def save_checkpoint(model, tokenizer, target: Path, manifest: dict, max_shard_size: str = SHARD_SIZE,
-                    state_dict: dict | None = None, optimizer: OptimizerState | None = None) -> str:
+def save_checkpoint(
+    model,
+    tokenizer,
+    target: Path,
+    manifest: dict,
+    max_shard_size: str = SHARD_SIZE,
+    state_dict: dict | None = None,
+    optimizer: OptimizerState | None = None,
+) -> str:
     """Write model (in its dtype; or `state_dict`, the weights a multi-process update gathered), tokenizer,
     the optimiser state the update ended with (when given) and lineage to `target` (whole or not at all); return
     the weights' sha256 (of the one file, or of the shards' manifest)."""
@@ -141,8 +155,10 @@ def registered(lake: Lake, kind: str, version: int) -> dict:
     rows = registry(lake, kind).filter(pl.col("version") == version)
     if rows.is_empty():
         known = registry(lake, kind)["version"].to_list()
-        raise CheckpointError(f"no {kind} checkpoint version {version} in {lake.root}/{CHECKPOINTS} "
-                              f"(registered: {', '.join(map(str, known)) or 'none'})")
+        raise CheckpointError(
+            f"no {kind} checkpoint version {version} in {lake.root}/{CHECKPOINTS} "
+            f"(registered: {', '.join(map(str, known)) or 'none'})"
+        )
     return rows.row(0, named=True)
 
 
@@ -159,16 +175,21 @@ def manifest(lake: Lake, kind: str, version: int) -> dict:
     return json.loads(text)
 
 
-def load_checkpoint(lake: Lake, kind: str, version: int, base_model: str | None = None,
-                    precision: Precision = CPU) -> LoadedModel:
+def load_checkpoint(
+    lake: Lake, kind: str, version: int, base_model: str | None = None, precision: Precision = CPU
+) -> LoadedModel:
     """Load a registered checkpoint after checking its hash; version 0 is `base_model`."""
     if version == 0:
         if base_model is None:
             raise CheckpointError(f"{kind} version 0 is the base model, and none was named")
         return load_model(base_model, dtype=precision.torch_dtype, device=precision.torch_device)
     row = registered(lake, kind, version)
-    return load_verified(fetch_checkpoint(lake, kind, version, row["sha256"]), row["sha256"], f"{kind} checkpoint version {version}",
-                         precision)
+    return load_verified(
+        fetch_checkpoint(lake, kind, version, row["sha256"]),
+        row["sha256"],
+        f"{kind} checkpoint version {version}",
+        precision,
+    )
 
 
 def load_optimizer_state(lake: Lake, kind: str, version: int) -> OptimizerState | None:
@@ -181,8 +202,10 @@ def load_optimizer_state(lake: Lake, kind: str, version: int) -> OptimizerState 
         return None
     path = fetch_checkpoint(lake, kind, version, registered(lake, kind, version)["sha256"]) / OPTIMIZER
     if not path.is_file() or file_sha256(path) != expected:
-        raise CheckpointError(f"{kind} checkpoint version {version}: {OPTIMIZER} is missing or does not match its "
-                              "recorded sha256 (corrupt or replaced)")
+        raise CheckpointError(
+            f"{kind} checkpoint version {version}: {OPTIMIZER} is missing or does not match its "
+            "recorded sha256 (corrupt or replaced)"
+        )
     saved = torch.load(path, map_location="cpu", weights_only=True)  # tensors and numbers only: never unpickles code
     return OptimizerState(saved["optimizer"], int(saved["step"]))
 
@@ -190,15 +213,18 @@ def load_optimizer_state(lake: Lake, kind: str, version: int) -> OptimizerState 
 def load_published(lake: Lake, kind: str, version: int, sha256: str, precision: Precision = CPU) -> LoadedModel:
     """Load the checkpoint a CheckpointPublished names, found by (kind, version) in the lake, never by the path the
     event carries (an event read straight from Kafka has not been through the registry's checks)."""
-    return load_verified(fetch_checkpoint(lake, kind, version, sha256), sha256, f"{kind} checkpoint version {version}",
-                         precision)
+    return load_verified(
+        fetch_checkpoint(lake, kind, version, sha256), sha256, f"{kind} checkpoint version {version}", precision
+    )
 
 
 def load_verified(path: str | Path, sha256: str, what: str = "checkpoint", precision: Precision = CPU) -> LoadedModel:
-    """Load a checkpoint folder after checking its weights against `sha256` (as a CheckpointPublished event carries it)."""
+    """Load a checkpoint folder after checking its weights against `sha256` (as a CheckpointPublished carries it)."""
     if not Path(path).is_dir():
-        raise CheckpointError(f"{what}: {path} is not in the lake (deleted by `genenv lake prune`, or the lake was "
-                              "copied without its checkpoints/); its lineage stays in the registry")
+        raise CheckpointError(
+            f"{what}: {path} is not in the lake (deleted by `genenv lake prune`, or the lake was "
+            "copied without its checkpoints/); its lineage stays in the registry"
+        )
     refusal = weights_refusal(Path(path), sha256)
     if refusal is not None:
         raise CheckpointError(f"{what}: {refusal} (corrupt or replaced)")

@@ -35,8 +35,10 @@ def world_size() -> int:
 def check_sharding(fsdp: str, device: str) -> None:
     """Raise ValueError when the update cannot shard as asked: FSDP needs CUDA devices."""
     if fsdp and device == "cpu":
-        raise ValueError(f"fsdp={fsdp!r} shards over GPUs, and accelerate runs CPU processes data-parallel only: "
-                         "leave fsdp empty (DDP) on CPUs")
+        raise ValueError(
+            f"fsdp={fsdp!r} shards over GPUs, and accelerate runs CPU processes data-parallel only: "
+            "leave fsdp empty (DDP) on CPUs"
+        )
 
 
 def accelerator(cpu: bool, fsdp: str = ""):
@@ -54,8 +56,11 @@ def accelerator(cpu: bool, fsdp: str = ""):
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(
-        fsdp_version=2, reshard_after_forward=fsdp == "full_shard", auto_wrap_policy="transformer_based_wrap",
-        state_dict_type="FULL_STATE_DICT")
+        fsdp_version=2,
+        reshard_after_forward=fsdp == "full_shard",
+        auto_wrap_policy="transformer_based_wrap",
+        state_dict_type="FULL_STATE_DICT",
+    )
     return Accelerator(fsdp_plugin=plugin)
 
 
@@ -64,13 +69,13 @@ def rank_batches(order: Sequence[int], per_device: int, rank: int = 0, world: in
     `world` equal contiguous slices. Rows that cannot be split equally (the tail of the last global batch) are
     left out when world > 1; `left_out` counts them."""
     if world == 1:
-        return [list(order[i:i + per_device]) for i in range(0, len(order), per_device)]
+        return [list(order[i : i + per_device]) for i in range(0, len(order), per_device)]
     batches = []
     for start in range(0, len(order), per_device * world):
-        rows = list(order[start:start + per_device * world])
+        rows = list(order[start : start + per_device * world])
         size = len(rows) // world
         if size:
-            batches.append(rows[rank * size:(rank + 1) * size])
+            batches.append(rows[rank * size : (rank + 1) * size])
     return batches
 
 

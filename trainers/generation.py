@@ -53,7 +53,7 @@ def sample_seed(*parts) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
-def prompt_seeds(sampling: "SamplingConfig", n: int, seeds: list[int] | None) -> list[int]:
+def prompt_seeds(sampling: SamplingConfig, n: int, seeds: list[int] | None) -> list[int]:
     """One seed per prompt: the ones given, else derived from the sampling seed and the prompt's index."""
     if seeds is None:
         return [sample_seed(sampling.seed, i) for i in range(n)]
@@ -86,7 +86,9 @@ class SeededSampling:
 def render_prompt(tokenizer, user_text: str, system: str | None = None) -> str:
     """The prompt string the model sees: its chat template where it has one."""
     if getattr(tokenizer, "chat_template", None):
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user_text}]
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": user_text}
+        ]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return (system + "\n\n" if system else "") + user_text
 
@@ -100,8 +102,10 @@ def grammar_compiler(tokenizer, vocab_size: int):
     try:
         import xgrammar
     except ImportError:
-        raise RuntimeError("constrained generation needs xgrammar: pip install --no-deps xgrammar apache-tvm-ffi "
-                           "(the Makefile installs both)") from None
+        raise RuntimeError(
+            "constrained generation needs xgrammar: pip install --no-deps xgrammar apache-tvm-ffi "
+            "(the Makefile installs both)"
+        ) from None
     return xgrammar.GrammarCompiler(xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size))
 
 
@@ -123,8 +127,14 @@ class TransformersBackend:
         self.batch_size = batch_size
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], sampling: SamplingConfig | None = None, seeds: list[int] | None = None,
-                 progress=None, grammars: list[str] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: list[str],
+        sampling: SamplingConfig | None = None,
+        seeds: list[int] | None = None,
+        progress=None,
+        grammars: list[str] | None = None,
+    ) -> list[Generation]:
         """seeds: one per prompt (see `sample_seed`). progress(done, total), if given, is called after every batch
         with the prompts done so far. grammars: one EBNF grammar per prompt ("": unconstrained)."""
         sampling = sampling or SamplingConfig()
@@ -137,9 +147,13 @@ class TransformersBackend:
         order = sorted(range(len(prompts)), key=lengths.__getitem__)
         out: list[Generation | None] = [None] * len(prompts)
         for start in range(0, len(prompts), self.batch_size):
-            chunk = order[start:start + self.batch_size]
-            for i, generation in zip(chunk, self._generate_batch([prompts[i] for i in chunk], sampling,
-                                                                 [seeds[i] for i in chunk], [grammars[i] for i in chunk])):
+            chunk = order[start : start + self.batch_size]
+            for i, generation in zip(
+                chunk,
+                self._generate_batch(
+                    [prompts[i] for i in chunk], sampling, [seeds[i] for i in chunk], [grammars[i] for i in chunk]
+                ),
+            ):
                 out[i] = generation
             if progress:
                 progress(min(start + self.batch_size, len(prompts)), len(prompts))
@@ -155,8 +169,9 @@ class TransformersBackend:
         compiler = grammar_compiler(self.tokenizer, self.model.config.vocab_size)
         return [OnACopy(LogitsProcessor([compiler.compile_grammar(g or ANY_TEXT) for g in grammars]))]
 
-    def _generate_batch(self, prompts: list[str], sampling: SamplingConfig, seeds: list[int],
-                        grammars: list[str]) -> list[Generation]:
+    def _generate_batch(
+        self, prompts: list[str], sampling: SamplingConfig, seeds: list[int], grammars: list[str]
+    ) -> list[Generation]:
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
         greedy = sampling.temperature <= 0
@@ -165,9 +180,18 @@ class TransformersBackend:
         was_training = self.model.training
         self.model.eval()
         result = self.model.generate(
-            **enc, max_new_tokens=sampling.max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
-            logits_processor=sampler, return_dict_in_generate=True, output_logits=True, use_cache=True,
-            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+            **enc,
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            logits_processor=sampler,
+            return_dict_in_generate=True,
+            output_logits=True,
+            use_cache=True,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
         )
         self.model.train(was_training)
         prompt_len = enc["input_ids"].shape[1]
@@ -181,18 +205,24 @@ class TransformersBackend:
             if tok.eos_token_id in ids:
                 ids = ids[: ids.index(tok.eos_token_id) + 1]
             prompt_ids = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
-            generations.append(Generation(
-                prompt=prompt, prompt_token_ids=prompt_ids,
-                text=tok.decode(ids, skip_special_tokens=True), token_ids=ids,
-                logprobs=logprobs[i, : len(ids)].tolist(),
-            ))
+            generations.append(
+                Generation(
+                    prompt=prompt,
+                    prompt_token_ids=prompt_ids,
+                    text=tok.decode(ids, skip_special_tokens=True),
+                    token_ids=ids,
+                    logprobs=logprobs[i, : len(ids)].tolist(),
+                )
+            )
         return generations
 
 
-def sequence_logprobs(model, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> torch.Tensor:
+def sequence_logprobs(
+    model, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0
+) -> torch.Tensor:
     """Teacher-forced log-probabilities of `completion_ids` after `prompt_ids` (for checks and training)."""
     ids = torch.tensor([prompt_ids + completion_ids])
-    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1: -1].float() / temperature
+    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(completion_ids).unsqueeze(-1)).squeeze(-1)
 
 
@@ -221,8 +251,14 @@ class VLLMBackend:
     colocated mode does), an internal path that vLLM may move between versions.
     """
 
-    def __init__(self, model_path: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.4,
-                 dtype: str = "auto", seed: int = 0):
+    def __init__(
+        self,
+        model_path: str,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.4,
+        dtype: str = "auto",
+        seed: int = 0,
+    ):
         ok, why = vllm_available()
         if not ok:
             raise RuntimeError(f"vLLM backend unavailable: {why}")
@@ -231,8 +267,14 @@ class VLLMBackend:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model must live in this process
         from vllm import LLM
 
-        self.llm = LLM(model=model_path, tensor_parallel_size=tensor_parallel_size, dtype=VLLM_DTYPES.get(dtype, dtype),
-                       gpu_memory_utilization=gpu_memory_utilization, seed=seed, logprobs_mode="processed_logprobs")
+        self.llm = LLM(
+            model=model_path,
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=VLLM_DTYPES.get(dtype, dtype),
+            gpu_memory_utilization=gpu_memory_utilization,
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+        )
         self.tokenizer = self.llm.get_tokenizer()
 
     def load_weights(self, model: torch.nn.Module) -> None:
@@ -241,18 +283,31 @@ class VLLMBackend:
         engine_model.load_weights(model.state_dict().items())
         self.llm.reset_prefix_cache()  # cached prefixes hold keys and values of the old weights
 
-    def generate(self, prompts: list[str], sampling: SamplingConfig | None = None, seeds: list[int] | None = None,
-                 progress=None, grammars: list[str] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: list[str],
+        sampling: SamplingConfig | None = None,
+        seeds: list[int] | None = None,
+        progress=None,
+        grammars: list[str] | None = None,
+    ) -> list[Generation]:
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
         sampling = sampling or SamplingConfig()
         greedy = sampling.temperature <= 0
         grammars = grammars or [""] * len(prompts)
-        params = [SamplingParams(max_tokens=sampling.max_new_tokens, temperature=0.0 if greedy else sampling.temperature,
-                                 top_p=1.0 if greedy else sampling.top_p, seed=seed, logprobs=0,
-                                 structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar else None)
-                  for seed, grammar in zip(prompt_seeds(sampling, len(prompts), seeds), grammars)]
+        params = [
+            SamplingParams(
+                max_tokens=sampling.max_new_tokens,
+                temperature=0.0 if greedy else sampling.temperature,
+                top_p=1.0 if greedy else sampling.top_p,
+                seed=seed,
+                logprobs=0,
+                structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar else None,
+            )
+            for seed, grammar in zip(prompt_seeds(sampling, len(prompts), seeds), grammars)
+        ]
         out = []
         for request in self.llm.generate(prompts, params, use_tqdm=False):
             completion = request.outputs[0]

@@ -22,7 +22,6 @@ vLLM's sampling mismatch). Rows further behind are always dropped.
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
@@ -32,7 +31,7 @@ import torch
 
 from .batching import SharedPrefixBatch, completion_logps, pack_shared
 from .distributed import rank_batches
-from .loop import OptimConfig, OptimizerState, Progress, optimise, with_lora
+from .loop import OptimConfig, Trainer
 from .losses import GRPOLossConfig, group_advantages, grpo_loss
 
 
@@ -49,8 +48,12 @@ class GRPOConfig(OptimConfig, GRPOLossConfig):
 
     def check(self) -> None:
         super().check()
-        choices = {"loss_type": ("grpo", "bnpo", "dr_grpo"), "scale_rewards": ("group", "batch", "none"),
-                   "importance_sampling_level": ("token", "sequence"), "off_policy": ("truncate", "drop")}
+        choices = {
+            "loss_type": ("grpo", "bnpo", "dr_grpo"),
+            "scale_rewards": ("group", "batch", "none"),
+            "importance_sampling_level": ("token", "sequence"),
+            "off_policy": ("truncate", "drop"),
+        }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -106,21 +109,14 @@ def select_rows(rows: pl.DataFrame, parent_version: int, config: GRPOConfig) -> 
     return pl.DataFrame(kept, infer_schema_length=None) if kept else rows.clear(), dropped
 
 
-class GRPOTrainer:
-    """compute: a context manager every forward pass runs in (mixed precision's autocast; none by default)."""
+class GRPOTrainer(Trainer):
+    """GRPO over selected rows (`select_rows`): group-relative advantages, the clipped ratio, `beta`'s KL term."""
 
-    def __init__(self, model, tokenizer, config: GRPOConfig, ref_model=None, compute=contextlib.nullcontext,
-                 accelerator=None):
-        config.check()
-        if config.beta and ref_model is None:
-            raise ValueError("beta > 0 needs a reference model")
-        self.config = config
-        self.tokenizer = tokenizer
-        self.model = with_lora(model, config) if config.use_peft else model
-        self.ref_model = ref_model
-        self.compute = compute
-        self.accelerator = accelerator  # several processes: this rank's share of the rows (trainers/distributed.py)
-        self.rank, self.world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    kl_option = "beta"
+
+    @property
+    def passes(self) -> int:
+        return self.config.num_iterations
 
     def micro_batches(self, rows: pl.DataFrame) -> list[MicroBatch]:
         """Advantages over each task's group, then micro-batches in a seeded order of tasks, a task's rollouts
@@ -145,34 +141,38 @@ class GRPOTrainer:
                     current = completion_logps(self.model, tokens, cfg.temperature).cpu()
                 stale_tokens = stale.unsqueeze(-1).expand_as(current)
                 old = torch.where(stale_tokens, current, behaviour)
-                weights = torch.where(stale_tokens, torch.exp(current - behaviour).clamp(max=cfg.importance_sampling_cap),
-                                      torch.ones_like(current))
-            ref = None
-            if cfg.beta:
-                with torch.no_grad(), self.compute():
-                    ref = completion_logps(self.ref_model, tokens, cfg.temperature).cpu()
+                weights = torch.where(
+                    stale_tokens,
+                    torch.exp(current - behaviour).clamp(max=cfg.importance_sampling_cap),
+                    torch.ones_like(current),
+                )
+            ref = self.reference_logps(tokens, cfg.temperature)
             batches.append(MicroBatch(tokens, old, advantages[indices], weights, ref))
         return batches
 
-    def train(self, rows: pl.DataFrame, progress: Progress | None = None, state: OptimizerState | None = None) -> dict:
-        """One update over `rows` (already selected by `select_rows`); returns its metrics. state: where the
-        optimiser starts (the parent update's), left holding where it ended (trainers/loop.py)."""
-        torch.manual_seed(self.config.seed)
-        batches = self.micro_batches(rows)
+    def loss(self, mb: MicroBatch, model):
+        with self.compute():
+            logps = completion_logps(model, mb.tokens, self.config.temperature)
+        on = lambda t: None if t is None else t.to(logps.device)  # noqa: E731
+        return grpo_loss(
+            logps,
+            on(mb.old_logps),
+            on(mb.advantages),
+            on(mb.tokens.completion_mask),
+            self.config,
+            on(mb.ref_logps),
+            on(mb.token_weights),
+        )
 
-        def loss_of(mb: MicroBatch, model):
-            with self.compute():
-                logps = completion_logps(model, mb.tokens, self.config.temperature)
-            on = lambda t: None if t is None else t.to(logps.device)  # noqa: E731
-            return grpo_loss(logps, on(mb.old_logps), on(mb.advantages), on(mb.tokens.completion_mask), self.config,
-                             on(mb.ref_logps), on(mb.token_weights))
-
-        metrics = optimise(self.model, batches, loss_of, self.config, self.config.num_iterations, progress,
-                           self.accelerator, state)
-        rewards = rows["reward"]
+    def summary(self, rows: pl.DataFrame, batches: list[MicroBatch]) -> dict:
         zero_std = rows.group_by("task_id").agg(pl.col("reward").n_unique() == 1)["reward"].mean()
-        return {**metrics, "rows": rows.height, "groups": rows["task_id"].n_unique(), "reward_mean": rewards.mean(),
-                "zero_std_groups_frac": zero_std, "stale_rows": int((rows["staleness"] > 0).sum())}
+        return {
+            "rows": rows.height,
+            "groups": rows["task_id"].n_unique(),
+            "reward_mean": rows["reward"].mean(),
+            "zero_std_groups_frac": zero_std,
+            "stale_rows": int((rows["staleness"] > 0).sum()),
+        }
 
 
 def grouped_order(task_ids: list[str], seed: int) -> list[int]:

@@ -1,5 +1,5 @@
-"""What both trainers share: the optimiser options, LoRA, the learning-rate schedule, and the passes of
-micro-batches with accumulation.
+"""What both trainers share: the optimiser options, LoRA, the learning-rate schedule, the passes of
+micro-batches with accumulation, and the Trainer base GRPO and RWR extend.
 
 The optimiser is one AdamW across a lineage of updates: each update starts from the state its parent's update
 ended with (OptimizerState, saved beside the checkpoint as optimizer.pt by trainers/update.py) and continues
@@ -11,6 +11,7 @@ steps over the lineage, not within one update.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections import defaultdict
@@ -31,7 +32,9 @@ class OptimConfig:
 
     learning_rate: float = 1e-5
     per_device_train_batch_size: int = 8  # rows per micro-batch
-    gradient_accumulation_steps: int = 1  # micro-batches per optimiser step (the last step of a pass takes what is left)
+    gradient_accumulation_steps: int = (
+        1  # micro-batches per optimiser step (the last step of a pass takes what is left)
+    )
     # The schedule spans the lineage's optimiser steps (every update continues it). linear and cosine decay to 0 at
     # max_steps (and stay there); warmup_steps, or warmup_ratio of max_steps, ramp up from 0 first.
     lr_scheduler_type: str = "constant"
@@ -46,7 +49,9 @@ class OptimConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    gradient_checkpointing: bool = False  # recompute each layer's activations in the backward pass: less memory, ~30% slower
+    gradient_checkpointing: bool = (
+        False  # recompute each layer's activations in the backward pass: less memory, ~30% slower
+    )
     fsdp: str = ""  # several processes on GPUs: "full_shard" or "shard_grad_op" shard the model (FSDP) instead of DDP
 
     def check(self) -> None:
@@ -60,15 +65,16 @@ class OptimConfig:
         if self.warmup_steps < 0 or not 0 <= self.warmup_ratio < 1 or self.max_steps < 0:
             raise ValueError("warmup_steps and max_steps must be >= 0, warmup_ratio in [0, 1)")
         if (self.lr_scheduler_type in ("linear", "cosine") or self.warmup_ratio) and not self.max_steps:
-            raise ValueError(f"lr_scheduler_type {self.lr_scheduler_type!r} and warmup_ratio need max_steps (the "
-                             "lineage's optimiser steps) > 0")
+            raise ValueError(
+                f"lr_scheduler_type {self.lr_scheduler_type!r} and warmup_ratio need max_steps (the "
+                "lineage's optimiser steps) > 0"
+            )
         if self.use_peft and self.lora_r < 1:
             raise ValueError(f"lora_r must be >= 1, got {self.lora_r}")
         if self.fsdp not in FSDP_MODES:
             raise ValueError(f"fsdp must be one of {', '.join(map(repr, FSDP_MODES))}, got {self.fsdp!r}")
         if self.fsdp and self.use_peft:
             raise ValueError("fsdp shards full fine-tuning; LoRA adapters are small enough for DDP (leave fsdp empty)")
-
 
     @property
     def warmup(self) -> int:
@@ -91,7 +97,9 @@ def lr_schedule(optimiser, config: OptimConfig, start: int):
     name = "constant_with_warmup" if config.lr_scheduler_type == "constant" else config.lr_scheduler_type
     for group in optimiser.param_groups:
         group["lr"] = group["initial_lr"] = config.learning_rate
-    scheduler = get_scheduler(name, optimiser, num_warmup_steps=config.warmup, num_training_steps=config.max_steps or None)
+    scheduler = get_scheduler(
+        name, optimiser, num_warmup_steps=config.warmup, num_training_steps=config.max_steps or None
+    )
     if start:
         with warnings.catch_warnings():  # stepped before the optimiser on purpose: it resumes a lineage
             warnings.simplefilter("ignore", UserWarning)
@@ -103,8 +111,13 @@ def lr_schedule(optimiser, config: OptimConfig, start: int):
 def with_lora(model, config: OptimConfig):
     from peft import LoraConfig, get_peft_model
 
-    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
+    lora = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=list(config.lora_target_modules),
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, lora)
 
 
@@ -113,9 +126,16 @@ def merged(model):
     return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
 
 
-def optimise(model, micro_batches: Sequence[Any], loss_of: Callable[[Any, Any], tuple[torch.Tensor, dict]],
-             config: OptimConfig, passes: int = 1, progress: Progress | None = None, accelerator=None,
-             state: OptimizerState | None = None) -> dict:
+def optimise(
+    model,
+    micro_batches: Sequence[Any],
+    loss_of: Callable[[Any, Any], tuple[torch.Tensor, dict]],
+    config: OptimConfig,
+    passes: int = 1,
+    progress: Progress | None = None,
+    accelerator=None,
+    state: OptimizerState | None = None,
+) -> dict:
     """`passes` sweeps over the micro-batches, one optimiser step every gradient_accumulation_steps.
 
     A step's loss is the mean over the micro-batches it actually has (the last step of a pass may have fewer), so
@@ -174,5 +194,71 @@ def optimise(model, micro_batches: Sequence[Any], loss_of: Callable[[Any, Any], 
             progress(i + 1, total)
     model.eval()
     state.optimizer, state.step = optimiser.state_dict(), state.step + steps
-    return {**{k: v / max(total, 1) for k, v in sums.items()}, "optimizer_steps": steps, "lineage_steps": state.step,
-            "learning_rate": lr, "grad_norm": grad_norm}
+    return {
+        **{k: v / max(total, 1) for k, v in sums.items()},
+        "optimizer_steps": steps,
+        "lineage_steps": state.step,
+        "learning_rate": lr,
+        "grad_norm": grad_norm,
+    }
+
+
+class Trainer:
+    """What GRPO and RWR share: the model (wrapped with LoRA when the config asks), the reference model of the KL
+    term, the compute context, this rank's place among the processes, and the update itself: micro-batches built
+    once, then `passes` sweeps of optimiser steps (`optimise`). A trainer says only what differs:
+
+        kl_option                the config field of the KL coefficient (its reference model is required when > 0)
+        passes                   sweeps over the micro-batches per update
+        micro_batches(rows)      the update's micro-batches, with every log-probability that does not move
+        loss(micro_batch, model) its mean loss and metrics (its forward pass under `compute`)
+        summary(rows, batches)   the update's own metrics beside the optimiser's
+
+    compute: a context manager every forward pass runs in (mixed precision's autocast; none by default).
+    accelerator: several processes, each with its share of the rows (trainers/distributed.py)."""
+
+    kl_option = ""
+
+    def __init__(
+        self, model, tokenizer, config: OptimConfig, ref_model=None, compute=contextlib.nullcontext, accelerator=None
+    ):
+        config.check()
+        if getattr(config, self.kl_option, 0) and ref_model is None:
+            raise ValueError(f"{self.kl_option} > 0 needs a reference model")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model = with_lora(model, config) if config.use_peft else model
+        self.ref_model = ref_model
+        self.compute = compute
+        self.accelerator = accelerator
+        self.rank, self.world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+
+    @property
+    def passes(self) -> int:
+        return 1
+
+    def reference_logps(self, tokens, *args) -> torch.Tensor | None:
+        """The reference model's log-probabilities of a micro-batch's completions, when there is a KL term."""
+        if not getattr(self.config, self.kl_option, 0):
+            return None
+        from .batching import completion_logps
+
+        with torch.no_grad(), self.compute():
+            return completion_logps(self.ref_model, tokens, *args).cpu()
+
+    def micro_batches(self, rows) -> list:
+        raise NotImplementedError
+
+    def loss(self, micro_batch, model) -> tuple[torch.Tensor, dict]:
+        raise NotImplementedError
+
+    def summary(self, rows, batches: list) -> dict:
+        return {}
+
+    def train(self, rows, progress: Progress | None = None, state: OptimizerState | None = None) -> dict:
+        """One update over `rows` (already selected); returns its metrics. state: where the optimiser starts (the
+        parent update's), left holding where it ended."""
+        torch.manual_seed(self.config.seed)
+        batches = self.micro_batches(rows)
+        metrics = optimise(self.model, batches, self.loss, self.config, self.passes, progress, self.accelerator, state)
+        return {**metrics, **self.summary(rows, batches)}

@@ -17,14 +17,15 @@ class GRPOLossConfig:
     loss_type: Literal["grpo", "bnpo", "dr_grpo"] = "bnpo"
     epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
     epsilon_high: float | None = None  # upper clip (DAPO's clip-higher); defaults to epsilon
-    beta: float = 0.0  # KL coefficient to the reference policy (k3 estimator); 0 disables it
+    beta: float = 0.0  # KL coefficient to the reference policy (k3 estimator), the warm start if any; 0 disables it
     scale_rewards: Literal["group", "batch", "none"] = "group"
     importance_sampling_level: Literal["token", "sequence"] = "token"
     max_completion_length: int | None = None  # dr_grpo's constant normaliser; defaults to the batch's width
 
 
-def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewards: str = "group",
-                     eps: float = 1e-4) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewards: str = "group", eps: float = 1e-4
+) -> torch.Tensor:
     """Reward minus its group's mean, divided by the group's (or the batch's) std unless scale_rewards="none".
 
     A group whose rewards are all equal gets advantage 0 everywhere, so it contributes no gradient."""
@@ -45,9 +46,15 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, scale_rewar
     raise ValueError(f"scale_rewards must be group, batch or none, got {scale_rewards!r}")
 
 
-def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              config: GRPOLossConfig, ref_logps: torch.Tensor | None = None,
-              token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+def grpo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: GRPOLossConfig,
+    ref_logps: torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict]:
     """Clipped-ratio policy loss over completion tokens.
 
     logps, old_logps, ref_logps, mask, token_weights: (batch, tokens); advantages: (batch,).
@@ -86,7 +93,8 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Te
     with torch.no_grad():
         tokens = mask.sum().clamp(min=1)
         metrics = {
-            "clip_ratio": (((ratio < 1 - config.epsilon) | (ratio > 1 + high)).float() * mask).sum().item() / tokens.item(),
+            "clip_ratio": (((ratio < 1 - config.epsilon) | (ratio > 1 + high)).float() * mask).sum().item()
+            / tokens.item(),
             "ratio_mean": ((ratio * mask).sum() / tokens).item(),
         }
         if kl is not None:
@@ -108,8 +116,13 @@ def rwr_weights(env_rewards: torch.Tensor, temperature: float, filtered: torch.T
     return torch.softmax(logits, dim=0)
 
 
-def rwr_loss(logps: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor, kl_coef: float = 0.0,
-             ref_logps: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+def rwr_loss(
+    logps: torch.Tensor,
+    mask: torch.Tensor,
+    weights: torch.Tensor,
+    kl_coef: float = 0.0,
+    ref_logps: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict]:
     """Weighted NLL of the simulator's own generations, plus kl_coef * KL to the initial simulator.
 
     logps, ref_logps, mask: (batch, tokens); weights: (batch,), summing to 1."""

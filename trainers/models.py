@@ -52,7 +52,7 @@ class Precision:
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype must be auto, {', '.join(DTYPES)}, got {self.dtype!r}")
 
-    def resolved(self) -> "Precision":
+    def resolved(self) -> Precision:
         """The concrete device and dtype on this machine; ModelNotFound-free, but a CUDA device without CUDA fails."""
         self.check()
         device = ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
@@ -107,9 +107,16 @@ def tiny_model(seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4)
 
     tokenizer = tiny_tokenizer()
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=True,
     )
     with torch.random.fork_rng():
@@ -162,7 +169,9 @@ def _from_dir(path: str | Path, dtype: torch.dtype):
     return model, tokenizer
 
 
-def load_model(spec: str, dtype: torch.dtype = torch.float32, seed: int = 0, device: str | torch.device = "cpu") -> LoadedModel:
+def load_model(
+    spec: str, dtype: torch.dtype = torch.float32, seed: int = 0, device: str | torch.device = "cpu"
+) -> LoadedModel:
     """Load a causal LM and its tokenizer (left padding, a pad token) from a built-in name, a path or a hub id,
     in `dtype` on `device`."""
     if spec == "tiny":
@@ -186,13 +195,16 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32, seed: int = 0, dev
             model, tokenizer = _from_dir(path, dtype)
         elif path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
             raise ModelNotFound(
-                f"unknown model {spec!r}: not a built-in ({', '.join(BUILTINS)}), a model directory, a .gguf file or a hub id"
+                f"unknown model {spec!r}: not a built-in ({', '.join(BUILTINS)}), a model directory, a .gguf file "
+                "or a hub id"
             )
         else:
             try:
                 model, tokenizer = _from_dir(spec, dtype)
             except OSError as exc:
-                raise ModelNotFound(f"hub model {spec!r} could not be loaded (is the hub reachable?): {str(exc).splitlines()[0]}") from None
+                raise ModelNotFound(
+                    f"hub model {spec!r} could not be loaded (is the hub reachable?): {str(exc).splitlines()[0]}"
+                ) from None
         source = str(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

@@ -34,9 +34,11 @@ from pathlib import Path
 
 from .models import BUILTINS, cache_dir
 
-GIB = 1024 ** 3
+GIB = 1024**3
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-PROMPT_TOKENS = 256  # the prompt length the plan assumes (simulator and agent prompts of the built-in domains are shorter)
+PROMPT_TOKENS = (
+    256  # the prompt length the plan assumes (simulator and agent prompts of the built-in domains are shorter)
+)
 
 
 @dataclass(frozen=True)
@@ -55,17 +57,25 @@ class Architecture:
     @property
     def parameters(self) -> int:
         kv = self.hidden // self.heads * self.kv_heads
-        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * kv + (self.hidden + 2 * kv if self.qkv_bias else 0)
+        attention = (
+            2 * self.hidden * self.hidden + 2 * self.hidden * kv + (self.hidden + 2 * kv if self.qkv_bias else 0)
+        )
         layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
         embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
         return embeddings + self.layers * layer + self.hidden
 
     @classmethod
-    def from_config(cls, config: dict) -> "Architecture":
-        return cls(config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"],
-                   config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"],
-                   config["vocab_size"], bool(config.get("tie_word_embeddings", False)),
-                   bool(config.get("attention_bias", config.get("model_type") == "qwen2")))
+    def from_config(cls, config: dict) -> Architecture:
+        return cls(
+            config["hidden_size"],
+            config["intermediate_size"],
+            config["num_hidden_layers"],
+            config["num_attention_heads"],
+            config.get("num_key_value_heads") or config["num_attention_heads"],
+            config["vocab_size"],
+            bool(config.get("tie_word_embeddings", False)),
+            bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
+        )
 
 
 # Architectures of models the profiles name, for planning where their config cannot be read (no hub access).
@@ -126,8 +136,11 @@ class Plan:
         where = f"{self.devices} x {self.memory_per_device / GIB:.0f} GiB {self.device}"
         if self.fits:
             return f"fits: {self.peak / GIB:.1f} GiB of {self.memory_per_device / GIB:.0f} GiB per device ({where})"
-        return (f"does not fit: needs {self.peak / GIB:.1f} GiB per device, {where} has {self.memory_per_device / GIB:.0f} GiB "
-                "(see `genenv plan`: LoRA, gradient checkpointing, bf16, fewer rows per micro-batch, or more devices with FSDP)")
+        return (
+            f"does not fit: needs {self.peak / GIB:.1f} GiB per device, {where} has "
+            f"{self.memory_per_device / GIB:.0f} GiB (see `genenv plan`: LoRA, gradient checkpointing, bf16, "
+            "fewer rows per micro-batch, or more devices with FSDP)"
+        )
 
     def rows(self) -> list[tuple[str, str, float]]:
         """(role, what, GiB per device) for a table."""
@@ -139,8 +152,9 @@ class Plan:
         return out
 
 
-def update_plan(role: str, arch: Architecture, options, dtype: str, prompt_tokens: int, completion_tokens: int,
-                shards: int) -> UpdatePlan:
+def update_plan(
+    role: str, arch: Architecture, options, dtype: str, prompt_tokens: int, completion_tokens: int, shards: int
+) -> UpdatePlan:
     n = arch.parameters
     lora = getattr(options, "use_peft", False)
     if lora:
@@ -160,8 +174,15 @@ def update_plan(role: str, arch: Architecture, options, dtype: str, prompt_token
     else:
         activations = tokens * arch.hidden * 34 * arch.layers * act_bytes
     logits = rows * (completion_tokens + 1) * arch.vocab * 4 * 3
-    return UpdatePlan(role, n, int(master / shards), int(trained * 4 / shards), int(trained * 8 / shards),
-                      int(reference), int(activations + logits))
+    return UpdatePlan(
+        role,
+        n,
+        int(master / shards),
+        int(trained * 4 / shards),
+        int(trained * 8 / shards),
+        int(reference),
+        int(activations + logits),
+    )
 
 
 def plan_run(config, devices: int = 1, memory_gib: float | None = None, device: str | None = None) -> Plan:
@@ -184,8 +205,18 @@ def plan_run(config, devices: int = 1, memory_gib: float | None = None, device: 
         else:
             generation[role] = architecture(model).parameters * BYTES[dtype]
     trained = [role for role in roles if role == "agent" or config.mode == "genenv"]
-    updates = [update_plan(role, architecture(roles[role][0]), roles[role][1], dtype, PROMPT_TOKENS, roles[role][2],
-                           devices if roles[role][1].fsdp else 1) for role in trained]
+    updates = [
+        update_plan(
+            role,
+            architecture(roles[role][0]),
+            roles[role][1],
+            dtype,
+            PROMPT_TOKENS,
+            roles[role][2],
+            devices if roles[role][1].fsdp else 1,
+        )
+        for role in trained
+    ]
     return Plan(device, dtype, devices, memory, generation, config.backend == "vllm", updates)
 
 

@@ -25,11 +25,19 @@ from lake import POOLS, Lake, checkpoint_path, read_pool, weights_digest
 
 from . import distributed, grpo, rwr
 from .checkpoints import (
-    KINDS, CheckpointRecord, checkpoint_dir, config_hash, latest_version, load_checkpoint, load_optimizer_state, manifest,
-    publish_files, save_checkpoint,
+    KINDS,
+    CheckpointRecord,
+    checkpoint_dir,
+    config_hash,
+    latest_version,
+    load_checkpoint,
+    load_optimizer_state,
+    manifest,
+    publish_files,
+    save_checkpoint,
 )
 from .loop import OptimizerState, Progress, merged
-from .models import CPU, LoadedModel, Precision, load_model
+from .models import CPU, LoadedModel, Precision
 
 POOL_OF = {"agent": "d_train", "env": "d_env"}
 SEED_VERSION = "seed"  # the model version stamped on seed tasks and reference answers (the warm-start data)
@@ -59,12 +67,24 @@ def warm_start_rows(kind: str, rows: pl.DataFrame) -> pl.DataFrame:
         rows = rows.filter(pl.col("agent_model_version") == SEED_VERSION).sort("rollout_id")
         return rows.select(pl.col("prompt"), pl.col("completion").alias("text"), pl.lit(1.0).alias("env_reward"))
     rows = rows.filter(pl.col("env_model_version") == SEED_VERSION).sort("task_id")
-    return rows.select(pl.col("sim_prompt").alias("prompt"), pl.col("raw_generation").alias("text"), pl.lit(1.0).alias("env_reward"))
+    return rows.select(
+        pl.col("sim_prompt").alias("prompt"), pl.col("raw_generation").alias("text"), pl.lit(1.0).alias("env_reward")
+    )
 
 
-def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None = None, pool_version: int | None = None,
-                 parent_version: int | None = None, run_id: str | None = None, warm_start: bool = False,
-                 precision: Precision = Precision(), progress: Progress | None = None) -> CheckpointRecord:
+def train_update(
+    kind: str,
+    lake: Lake,
+    config=None,
+    *,
+    base_model: str | None = None,
+    pool_version: int | None = None,
+    parent_version: int | None = None,
+    run_id: str | None = None,
+    warm_start: bool = False,
+    precision: Precision = Precision(),
+    progress: Progress | None = None,
+) -> CheckpointRecord:
     """One update (see the module's docstring). warm_start: supervised fine-tuning on the pool's seed rows
     (the version "seed"), with an RWRConfig whose rewards are all equal, instead of GRPO / RWR.
     run_id: train on that run's rows only (the engine's runs share a lake). precision: the device, and the dtype
@@ -93,7 +113,9 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
         base_model = lineage["base_model"]
         seen_version = lineage["pool_version"]
         if seen_version > pool_version:
-            raise TrainError(f"{kind} v{parent} was trained on {table}@{seen_version}, newer than the requested {pool_version}")
+            raise TrainError(
+                f"{kind} v{parent} was trained on {table}@{seen_version}, newer than the requested {pool_version}"
+            )
     elif base_model is None:
         raise TrainError(f"no {kind} checkpoint is registered yet: name the base model to start from")
 
@@ -117,8 +139,8 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
         precision = Precision(device, precision.dtype)
     loaded = load_checkpoint(lake, kind, parent, base_model, master_weights(precision, config))
     state = starting_optimizer(lake, kind, parent, config, warm_start, fsdp)
-    model, metrics, weights = fit(loaded, selected, dropped, config, base_model, warm_start, progress, precision, group,
-                                  state)
+    ref = reference_model(lake, kind, parent, base_model, config, precision)
+    model, metrics, weights = fit(loaded, selected, dropped, config, ref, warm_start, progress, precision, group, state)
     version = max(parent, latest_version(lake, kind)) + 1
     if group is not None:
         from accelerate.utils import broadcast_object_list
@@ -127,9 +149,16 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
         metrics["processes"] = group.num_processes
     target = checkpoint_dir(lake, kind, version)
     record = CheckpointRecord(
-        model_kind=kind, version=version, parent_version=parent, base_model=base_model,
-        path=checkpoint_path(kind, version), sha256="",
-        pool_table=table, pool_version=pool_version, config_hash=config_hash(config), seed=config.seed,
+        model_kind=kind,
+        version=version,
+        parent_version=parent,
+        base_model=base_model,
+        path=checkpoint_path(kind, version),
+        sha256="",
+        pool_table=table,
+        pool_version=pool_version,
+        config_hash=config_hash(config),
+        seed=config.seed,
         metrics=metrics,
     )
     lineage = {**asdict(record), "config": asdict(config), "precision": asdict(precision)}
@@ -144,7 +173,9 @@ def train_update(kind: str, lake: Lake, config=None, *, base_model: str | None =
     return record
 
 
-def select_update_rows(kind: str, rows: pl.DataFrame, parent: int, config, warm_start: bool) -> tuple[pl.DataFrame, Counter]:
+def select_update_rows(
+    kind: str, rows: pl.DataFrame, parent: int, config, warm_start: bool
+) -> tuple[pl.DataFrame, Counter]:
     """The rows an update trains on, in training order, and the others counted by why they were left out."""
     expected = rwr.RWRConfig if warm_start or kind == "env" else grpo.GRPOConfig
     if not isinstance(config, expected):
@@ -165,6 +196,28 @@ def starting_optimizer(lake: Lake, kind: str, parent: int, config, warm_start: b
     return load_optimizer_state(lake, kind, parent) or OptimizerState()
 
 
+def reference_version(lake: Lake, kind: str, parent: int) -> int:
+    """The model a KL term (GRPO's beta, RWR's kl_coef) holds an update near: the newest warm start among the parent's
+    ancestors (the parent included), else the base model (version 0). Not the base model after a warm start: for
+    the agent that is a model that cannot call tools yet, and a pull towards it undoes what the warm start taught."""
+    version = parent
+    while version > 0:
+        lineage = manifest(lake, kind, version)
+        if lineage.get("metrics", {}).get("warm_start"):
+            return version
+        version = lineage["parent_version"]
+    return 0
+
+
+def reference_model(lake: Lake, kind: str, parent: int, base_model: str, config, precision: Precision):
+    """The KL term's reference model (`reference_version`), in eval mode, or None when the config has no KL term."""
+    if not (getattr(config, "beta", 0) or getattr(config, "kl_coef", 0)):
+        return None
+    return load_checkpoint(
+        lake, kind, reference_version(lake, kind, parent), base_model, precision.resolved()
+    ).model.eval()
+
+
 def master_weights(precision: Precision, config) -> Precision:
     """How a trainer holds the parent's weights: fp32 (so fp32 gradients and optimiser state) whatever it computes
     in; with LoRA the frozen base stays in the compute dtype and only the adapters (fp32, as peft makes them) train."""
@@ -172,21 +225,27 @@ def master_weights(precision: Precision, config) -> Precision:
     return precision if getattr(config, "use_peft", False) else Precision(precision.device, "fp32")
 
 
-def fit(loaded: LoadedModel, selected: pl.DataFrame, dropped: Counter, config, base_model: str, warm_start: bool,
-        progress: Progress | None = None, precision: Precision = CPU, group=None,
-        state: OptimizerState | None = None) -> tuple[torch.nn.Module, dict, dict | None]:
+def fit(
+    loaded: LoadedModel,
+    selected: pl.DataFrame,
+    dropped: Counter,
+    config,
+    ref,
+    warm_start: bool,
+    progress: Progress | None = None,
+    precision: Precision = CPU,
+    group=None,
+    state: OptimizerState | None = None,
+) -> tuple[torch.nn.Module, dict, dict | None]:
     """Train the parent model (loaded with fp32 master weights) on the selected rows: (the trained model, LoRA
     merged, in the precision's dtype; its metrics; with several processes, its whole weights as gathered for rank 0
     to write, else None). Forward passes run under autocast when the dtype is not fp32 (mixed precision).
-    group: the Accelerator of a multi-process update (trainers/distributed.py). state: where the optimiser starts,
+    ref: the KL term's reference model (`reference_model`), or None. group: the Accelerator of a multi-process update
+    (trainers/distributed.py). state: where the optimiser starts,
     left holding where it ended. Deterministic on CPU for the same parent, optimiser state, rows, config, seed,
     precision and number of processes: replay relies on it."""
     precision = precision.resolved()
     dtype = precision.torch_dtype
-    ref = None
-    if getattr(config, "beta", 0) or getattr(config, "kl_coef", 0):
-        # the initial model: version 0 of the lineage
-        ref = load_model(base_model, dtype=dtype, device=precision.torch_device).model.eval()
     device_type = precision.torch_device.type
 
     def compute():
@@ -200,8 +259,12 @@ def fit(loaded: LoadedModel, selected: pl.DataFrame, dropped: Counter, config, b
     state = state if state is not None else OptimizerState()
     continued = state.optimizer is not None
     metrics = trainer.train(selected, progress, state)
-    metrics["optimizer"] = f"continued at step {metrics['lineage_steps'] - metrics['optimizer_steps']}" if continued else "fresh"
-    tail = distributed.left_out(selected.height, config.per_device_train_batch_size, group.num_processes) if group else 0
+    metrics["optimizer"] = (
+        f"continued at step {metrics['lineage_steps'] - metrics['optimizer_steps']}" if continued else "fresh"
+    )
+    tail = (
+        distributed.left_out(selected.height, config.per_device_train_batch_size, group.num_processes) if group else 0
+    )
     if tail:
         dropped["uneven_tail"] += tail
     metrics["rows_left_out"] = dict(dropped)
@@ -226,4 +289,3 @@ def config_from_manifest(kind: str, lineage: dict):
 def _plain(metrics: dict) -> dict:
     """Metrics as JSON-safe numbers (rounded: they are for reading, the weights carry the exact result)."""
     return json.loads(json.dumps(metrics, default=float), parse_float=lambda s: round(float(s), 6))
-

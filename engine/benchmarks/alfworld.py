@@ -27,8 +27,10 @@ MATCH_CUTOFF = 0.8  # difflib ratio from which a reply counts as the admissible 
 NOTHING = "Nothing happens."  # what ALFWorld answers a command it cannot execute
 HISTORY = 4  # turns of history shown each step
 BATCH_GAMES = 16  # games played at once (each holds a PDDL env in memory)
-SYSTEM = ("You are playing a household text game. Each turn, reply with exactly one command from the list of "
-          "admissible commands and nothing else.")
+SYSTEM = (
+    "You are playing a household text game. Each turn, reply with exactly one command from the list of "
+    "admissible commands and nothing else."
+)
 
 
 def textworld_modules():
@@ -36,8 +38,10 @@ def textworld_modules():
         import textworld
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
     except ModuleNotFoundError as exc:
-        raise DataMissing(f"alfworld: the {exc.name} package is not installed; `pip install alfworld` "
-                          "(pulls textworld[pddl]; `make install` does)") from None
+        raise DataMissing(
+            f"alfworld: the {exc.name} package is not installed; `pip install alfworld` "
+            "(pulls textworld[pddl]; `make install` does)"
+        ) from None
     return textworld, AlfredDemangler, AlfredInfos
 
 
@@ -69,8 +73,11 @@ class Game:
 
     def ask(self) -> Ask:
         history = "\n".join(f"> {c}\n{o}" for c, o in self.turns[-HISTORY:])
-        user = (f"{self.task}\n\n" + (f"Recent turns:\n{history}\n\n" if history else "")
-                + f"Now: {self.observation}\n\nAdmissible commands: {', '.join(self.admissible)}\n\nCommand:")
+        user = (
+            f"{self.task}\n\n"
+            + (f"Recent turns:\n{history}\n\n" if history else "")
+            + f"Now: {self.observation}\n\nAdmissible commands: {', '.join(self.admissible)}\n\nCommand:"
+        )
         return Ask(SYSTEM, user, max_new_tokens=16, item_id=self.item.item_id, turn=len(self.turns))
 
     def step(self, reply: str) -> None:
@@ -97,23 +104,32 @@ class ALFWorld(Benchmark):
     name = "alfworld"
     source = "alfworld/**/game.tw-pddl (ALFWorld json_2.1.1 valid_unseen games); see data/README.md"
     headline = "success"
-    scoring = ("won within 50 steps; a reply that names no admissible command (difflib ratio < 0.8) costs the step: "
-               "\"Nothing happens.\"")
+    scoring = (
+        "won within 50 steps; a reply that names no admissible command (difflib ratio < 0.8) costs the step: "
+        '"Nothing happens."'
+    )
 
     def load(self, data: Path | None, limit: int | None) -> list[Item]:
         root = self.file(data, "alfworld")
         # os.walk, not Path.glob: games may sit below a symlinked folder, which glob's ** does not enter.
-        paths = sorted(Path(folder) / "game.tw-pddl" for folder, _, files in os.walk(root, followlinks=True)
-                       if "game.tw-pddl" in files)
+        paths = sorted(
+            Path(folder) / "game.tw-pddl"
+            for folder, _, files in os.walk(root, followlinks=True)
+            if "game.tw-pddl" in files
+        )
         if not paths:
             raise DataMissing(f"{self.name}: no game.tw-pddl files under {root} ({self.source})")
         by_type: dict[str, list[Item]] = {}
         for path in paths:
             task_type = path.parent.parent.name.split("-")[0]
             game = json.loads(path.read_text())
-            by_type.setdefault(task_type, []).append(Item(
-                f"alfworld-{path.parent.parent.name}-{path.parent.name}", task_type,
-                {"path": str(path), "walkthrough": list(game.get("walkthrough") or [])}))
+            by_type.setdefault(task_type, []).append(
+                Item(
+                    f"alfworld-{path.parent.parent.name}-{path.parent.name}",
+                    task_type,
+                    {"path": str(path), "walkthrough": list(game.get("walkthrough") or [])},
+                )
+            )
         # Round-robin over task types, so --limit N samples every type.
         items, queues = [], [list(v) for _, v in sorted(by_type.items())]
         while any(queues):
@@ -127,7 +143,7 @@ class ALFWorld(Benchmark):
         textworld, demangler, infos = textworld_modules()
         results: list[ItemResult] = []
         for start in range(0, len(items), BATCH_GAMES):
-            games = [Game(item, textworld, demangler, infos) for item in items[start:start + BATCH_GAMES]]
+            games = [Game(item, textworld, demangler, infos) for item in items[start : start + BATCH_GAMES]]
             try:
                 while not all(g.done for g in games):
                     playing = [g for g in games if not g.done]
@@ -138,12 +154,23 @@ class ALFWorld(Benchmark):
                 for g in games:
                     g.close()
             for g in games:
-                results.append(ItemResult(g.item.item_id, g.item.category, " | ".join(g.transcript), float(g.won),
-                                          {"steps": len(g.turns)}, f"{'won' if g.won else 'not won'} in {len(g.turns)} steps"))
+                results.append(
+                    ItemResult(
+                        g.item.item_id,
+                        g.item.category,
+                        " | ".join(g.transcript),
+                        float(g.won),
+                        {"steps": len(g.turns)},
+                        f"{'won' if g.won else 'not won'} in {len(g.turns)} steps",
+                    )
+                )
             if progress:
                 progress(len(results), len(items))
         return results
 
     def summary(self, results: list[ItemResult]) -> dict[str, float]:
-        return {"success": mean([r.score for r in results]),
-                **{f"success_{t}": v for t, v in per_category(results).items()}, "items": len(results)}
+        return {
+            "success": mean([r.score for r in results]),
+            **{f"success_{t}": v for t, v in per_category(results).items()},
+            "items": len(results),
+        }

@@ -37,15 +37,22 @@ def read_call(text: str) -> list[tuple[str, dict]] | str:
 def same_value(a, b) -> bool:
     if isinstance(a, str) and isinstance(b, str):
         return a.strip().lower() == b.strip().lower()
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+    if (
+        isinstance(a, (int, float))
+        and isinstance(b, (int, float))
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+    ):
         return float(a) == float(b)
     return a == b
 
 
 class APIBank(Benchmark):
     name = "api-bank"
-    source = ("api-bank/level-1-api.json (and level-2-api.json) from AlibabaResearch/DAMO-ConvAI api-bank/test-data; "
-              "see data/README.md")
+    source = (
+        "api-bank/level-1-api.json (and level-2-api.json) from AlibabaResearch/DAMO-ConvAI api-bank/test-data; "
+        "see data/README.md"
+    )
     headline = "accuracy"
     scoring = SCORING
 
@@ -71,9 +78,19 @@ class APIBank(Benchmark):
                 continue
             api = row.get("file", "").split("-level-")[0].split("-")[0]
             item_id = f"api-bank-{index}" if level == 1 else f"api-bank-l{level}-{index}"
-            items.append(Item(item_id, f"level-{level}", {"instruction": row["instruction"], "input": row["input"],
-                                                          "expected_output": row["expected_output"], "gold": gold,
-                                                          "api": api}))
+            items.append(
+                Item(
+                    item_id,
+                    f"level-{level}",
+                    {
+                        "instruction": row["instruction"],
+                        "input": row["input"],
+                        "expected_output": row["expected_output"],
+                        "gold": gold,
+                        "api": api,
+                    },
+                )
+            )
         return items
 
     def ask(self, item: Item) -> Ask:
@@ -85,23 +102,41 @@ class APIBank(Benchmark):
     def score(self, item: Item, response: str) -> ItemResult:
         predicted = read_call(response)
         if isinstance(predicted, str):
-            return ItemResult(item.item_id, item.category, response, 0.0, detail=f"no readable API request: {predicted}")
-        (gold_name, gold_args), = item.data["gold"][:1]
+            return ItemResult(
+                item.item_id, item.category, response, 0.0, detail=f"no readable API request: {predicted}"
+            )
+        ((gold_name, gold_args),) = item.data["gold"][:1]
         if len(predicted) != 1:
-            return ItemResult(item.item_id, item.category, response, 0.0, detail=f"{len(predicted)} calls, expected one")
+            return ItemResult(
+                item.item_id, item.category, response, 0.0, detail=f"{len(predicted)} calls, expected one"
+            )
         name, args = predicted[0]
         if name != gold_name:
             return ItemResult(item.item_id, item.category, response, 0.0, detail=f"called {name}, expected {gold_name}")
         if set(args) != set(gold_args):
-            return ItemResult(item.item_id, item.category, response, 0.0,
-                              detail=f"arguments {sorted(args)}, expected {sorted(gold_args)}")
+            return ItemResult(
+                item.item_id,
+                item.category,
+                response,
+                0.0,
+                detail=f"arguments {sorted(args)}, expected {sorted(gold_args)}",
+            )
         wrong = [k for k in gold_args if not same_value(args[k], gold_args[k])]
         if wrong:
-            return ItemResult(item.item_id, item.category, response, 0.0,
-                              detail=f"{wrong[0]}={args[wrong[0]]!r}, expected {gold_args[wrong[0]]!r}")
+            return ItemResult(
+                item.item_id,
+                item.category,
+                response,
+                0.0,
+                detail=f"{wrong[0]}={args[wrong[0]]!r}, expected {gold_args[wrong[0]]!r}",
+            )
         return ItemResult(item.item_id, item.category, response, 1.0, detail="same call")
 
     def summary(self, results: list[ItemResult]) -> dict[str, float]:
         by_level = {f"accuracy_{level.replace('-', '_')}": value for level, value in per_category(results).items()}
-        return {"accuracy": mean([r.score for r in results]), **by_level, "items": len(results),
-                "items_left_out": getattr(self, "skipped", 0)}
+        return {
+            "accuracy": mean([r.score for r in results]),
+            **by_level,
+            "items": len(results),
+            "items_left_out": getattr(self, "skipped", 0),
+        }

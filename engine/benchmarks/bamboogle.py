@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from .base import Ask, Benchmark, DataMissing, Item, ItemResult, limited, mean, normalize_answer
+from ..domains.qa import normalise as normalize_answer  # SQuAD's normaliser, one for training and evaluation
+from .base import Ask, Benchmark, DataMissing, Item, ItemResult, limited, mean
 
 SYSTEM = "Answer the question with the answer only: a few words, no explanation."
 
@@ -37,8 +38,11 @@ class Bamboogle(Benchmark):
     def load(self, data: Path | None, limit: int | None) -> list[Item]:
         path = self.file(data, "bamboogle/bamboogle.json")
         rows = self.read_json(path)
-        items = [Item(f"bamboogle-{i}", "two-hop", {"question": r["Question"], "answer": str(r["Answer"])})
-                 for i, r in enumerate(rows) if isinstance(r, dict) and "Question" in r and "Answer" in r]
+        items = [
+            Item(f"bamboogle-{i}", "two-hop", {"question": r["Question"], "answer": str(r["Answer"])})
+            for i, r in enumerate(rows)
+            if isinstance(r, dict) and "Question" in r and "Answer" in r
+        ]
         if not items:
             raise DataMissing(f"{self.name}: {path} holds no items with Question and Answer")
         return limited(items, limit)
@@ -53,9 +57,18 @@ class Bamboogle(Benchmark):
         answer = first_line(response)
         em = float(normalize_answer(answer) == normalize_answer(item.data["answer"]))
         f1 = token_f1(answer, item.data["answer"])
-        return ItemResult(item.item_id, item.category, response, em, {"exact_match": em, "f1": round(f1, 4)},
-                          f"answered {answer!r}, gold {item.data['answer']!r}")
+        return ItemResult(
+            item.item_id,
+            item.category,
+            response,
+            em,
+            {"exact_match": em, "f1": round(f1, 4)},
+            f"answered {answer!r}, gold {item.data['answer']!r}",
+        )
 
     def summary(self, results: list[ItemResult]) -> dict[str, float]:
-        return {"exact_match": mean([r.metrics["exact_match"] for r in results]),
-                "f1": mean([r.metrics["f1"] for r in results]), "items": len(results)}
+        return {
+            "exact_match": mean([r.metrics["exact_match"] for r in results]),
+            "f1": mean([r.metrics["f1"] for r in results]),
+            "items": len(results),
+        }

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..domains.qa import normalise as normalize_answer  # SQuAD's normaliser, one for training and evaluation
-
 Progress = Callable[[int, int], None]
 DATA = Path(__file__).resolve().parents[2] / "data"  # the repository's benchmark data (data/README.md)
 
@@ -109,7 +107,9 @@ def mean(values: Sequence[float]) -> float:
     return round(sum(values) / len(values), 4) if values else float("nan")
 
 
-def per_category(results: list[ItemResult], metric: Callable[[ItemResult], float] = lambda r: r.score) -> dict[str, float]:
+def per_category(
+    results: list[ItemResult], metric: Callable[[ItemResult], float] = lambda r: r.score
+) -> dict[str, float]:
     groups: dict[str, list[float]] = {}
     for r in results:
         groups.setdefault(r.category, []).append(metric(r))
@@ -118,5 +118,3 @@ def per_category(results: list[ItemResult], metric: Callable[[ItemResult], float
 
 def limited(items: list[Item], limit: int | None) -> list[Item]:
     return items if limit is None else items[:limit]
-
-

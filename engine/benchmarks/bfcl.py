@@ -31,10 +31,12 @@ from .base import Ask, Benchmark, DataMissing, Item, ItemResult, limited, mean, 
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
 AST_CATEGORIES = CATEGORIES[:4]
 FINAL_CATEGORIES = ("simple_python", "multiple")  # a run's end-of-run subset (RunConfig.final_bfcl_items)
-SYSTEM = ("You are an expert in composing functions. You are given a question and a set of possible functions. "
-          "Based on the question, make one or more function calls to achieve the purpose. If none of the functions "
-          "can be used, point it out and make no call. Reply with the calls only, in the format "
-          "[func_name1(param1=value1, param2=value2), func_name2(param=value)] and nothing else.")
+SYSTEM = (
+    "You are an expert in composing functions. You are given a question and a set of possible functions. "
+    "Based on the question, make one or more function calls to achieve the purpose. If none of the functions "
+    "can be used, point it out and make no call. Reply with the calls only, in the format "
+    "[func_name1(param1=value1, param2=value2), func_name2(param=value)] and nothing else."
+)
 NO_CALL = "None of the given functions can be used for this question."
 
 
@@ -65,10 +67,13 @@ def gold_call_text(ground_truth: list[dict], functions: list[dict]) -> str:
     spec = {f["name"]: f.get("parameters", {}) for f in functions}
     calls = []
     for call in ground_truth:
-        (name, params), = call.items()
+        ((name, params),) = call.items()
         required, declared = set(spec.get(name, {}).get("required", [])), set(spec.get(name, {}).get("properties", {}))
-        args = {k: chosen(first(v)) for k, v in params.items()
-                if first(v) is not None and (k in required or "" not in v or (v[0] != "" and k in declared))}
+        args = {
+            k: chosen(first(v))
+            for k, v in params.items()
+            if first(v) is not None and (k in required or "" not in v or (v[0] != "" and k in declared))
+        }
         calls.append(f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")")
     return "[" + ", ".join(calls) + "]"
 
@@ -77,12 +82,15 @@ class BFCL(Benchmark):
     name = "bfcl"
     source = "the PyPI package bfcl-eval ships bfcl_eval/data; `pip install --no-deps bfcl-eval`"
     headline = "non_live_ast"
+
     def __init__(self, categories: tuple[str, ...] = CATEGORIES, reading: str = "bfcl"):
         if reading not in READINGS:
             raise ValueError(f"the BFCL reading must be one of {', '.join(READINGS)}, got {reading!r}")
         self.categories, self.reading = categories, reading
-        self.scoring = (f"bfcl-eval's ast_checker after {READINGS[reading]}; arguments read as literals, never "
-                        "evaluated (see engine/domains/calls.py)")
+        self.scoring = (
+            f"bfcl-eval's ast_checker after {READINGS[reading]}; arguments read as literals, never "
+            "evaluated (see engine/domains/calls.py)"
+        )
 
     def data_root(self, data: Path | None) -> Path:
         """--data may point at a folder holding BFCL_v4_*.json and possible_answer/; default: bfcl-eval's own."""
@@ -99,10 +107,25 @@ class BFCL(Benchmark):
         items = []
         for category in self.categories:
             questions = self.read_json(root / f"BFCL_v4_{category}.json", lines=True)
-            answers = {} if category == "irrelevance" else {
-                a["id"]: a["ground_truth"] for a in self.read_json(root / "possible_answer" / f"BFCL_v4_{category}.json", lines=True)}
-            chosen = limited([Item(q["id"], category, {"question": q["question"], "functions": q["function"],
-                                                       "ground_truth": answers.get(q["id"])}) for q in questions], limit)
+            answers = (
+                {}
+                if category == "irrelevance"
+                else {
+                    a["id"]: a["ground_truth"]
+                    for a in self.read_json(root / "possible_answer" / f"BFCL_v4_{category}.json", lines=True)
+                }
+            )
+            chosen = limited(
+                [
+                    Item(
+                        q["id"],
+                        category,
+                        {"question": q["question"], "functions": q["function"], "ground_truth": answers.get(q["id"])},
+                    )
+                    for q in questions
+                ],
+                limit,
+            )
             items += chosen  # --limit applies per category, so every category is sampled
         return items
 
@@ -112,14 +135,23 @@ class BFCL(Benchmark):
         return Ask(SYSTEM, f"Functions: {functions}\n\nQuestion: {' '.join(turns)}", max_new_tokens=160)
 
     def gold(self, item: Item) -> str:
-        return NO_CALL if item.category == "irrelevance" else gold_call_text(item.data["ground_truth"], item.data["functions"])
+        return (
+            NO_CALL
+            if item.category == "irrelevance"
+            else gold_call_text(item.data["ground_truth"], item.data["functions"])
+        )
 
     def score(self, item: Item, response: str) -> ItemResult:
         decoded = decode(response, self.reading)
         if item.category == "irrelevance":
             called = not isinstance(decoded, str) and bool(decoded)
-            return ItemResult(item.item_id, item.category, response, float(not called),
-                              detail="made a call where none applies" if called else "no call")
+            return ItemResult(
+                item.item_id,
+                item.category,
+                response,
+                float(not called),
+                detail="made a call where none applies" if called else "no call",
+            )
         match = match_calls(item.data["functions"], response, item.data["ground_truth"], item.category, self.reading)
         return ItemResult(item.item_id, item.category, response, float(match.valid), detail=match.detail)
 

@@ -16,13 +16,21 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 
 from lake import EVAL_ITEMS, EVAL_RESULTS, SCHEMAS, Lake
-from trainers import SamplingConfig, TransformersBackend, latest_version, load_checkpoint, load_model, registered, render_prompt
+from trainers import (
+    SamplingConfig,
+    TransformersBackend,
+    latest_version,
+    load_checkpoint,
+    load_model,
+    registered,
+    render_prompt,
+)
 
 from .alfworld import ALFWorld
 from .apibank import APIBank
@@ -32,7 +40,11 @@ from .bfcl import BFCL
 from .travelplanner import TravelPlanner
 
 BENCHMARKS: dict[str, type[Benchmark]] = {
-    "bfcl": BFCL, "api-bank": APIBank, "bamboogle": Bamboogle, "alfworld": ALFWorld, "travelplanner": TravelPlanner,
+    "bfcl": BFCL,
+    "api-bank": APIBank,
+    "bamboogle": Bamboogle,
+    "alfworld": ALFWorld,
+    "travelplanner": TravelPlanner,
 }
 # What the GenEnv paper reports for its 7B agent (Table 1), for comparison with the headline metric.
 PAPER = {"bfcl": 41.8, "api-bank": 79.1, "bamboogle": 76.0, "alfworld": 54.5, "travelplanner": 16.6}
@@ -95,34 +107,78 @@ class EvalReport:
     eval_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
-def evaluate(name: str, agent, model: str = "", data: Path | None = None, limit: int | None = None,
-             progress: Progress | None = None, benchmark: Benchmark | None = None, items: list | None = None) -> EvalReport:
+def evaluate(
+    name: str,
+    agent,
+    model: str = "",
+    data: Path | None = None,
+    limit: int | None = None,
+    progress: Progress | None = None,
+    benchmark: Benchmark | None = None,
+    items: list | None = None,
+) -> EvalReport:
     """Load one benchmark's items (unless given, already loaded by `benchmark`), let the agent answer, score them."""
     benchmark = benchmark or BENCHMARKS[benchmark_names(name)[0]]()
     start = time.perf_counter()
     items = benchmark.load(data, limit) if items is None else items
     results = benchmark.run(items, agent, progress)
-    return EvalReport(name, model, getattr(agent, "version", model), benchmark.summary(results), results,
-                      benchmark.scoring or "the benchmark's official metric",
-                      {"limit": limit, "data": str(data) if data else None, "items": len(items), "decoding": "greedy"},
-                      round(time.perf_counter() - start, 2))
+    return EvalReport(
+        name,
+        model,
+        getattr(agent, "version", model),
+        benchmark.summary(results),
+        results,
+        benchmark.scoring or "the benchmark's official metric",
+        {"limit": limit, "data": str(data) if data else None, "items": len(items), "decoding": "greedy"},
+        round(time.perf_counter() - start, 2),
+    )
 
 
 def record(lake: Lake, report: EvalReport) -> None:
     """One row per metric in eval/results, one per item in eval/items."""
     lake.ensure()  # lakes made before the eval tables existed get them now
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     metrics = {k: v for k, v in report.metrics.items() if isinstance(v, (int, float))}
-    lake.append(EVAL_RESULTS, pa.Table.from_pylist([
-        {"eval_id": report.eval_id, "model": report.model, "model_version": report.model_version,
-         "benchmark": report.benchmark, "metric": metric, "value": float(value), "items": len(report.results),
-         "scoring": report.scoring, "config_json": json.dumps({**report.config, "seconds": report.seconds}, sort_keys=True),
-         "evaluated_at": now}
-        for metric, value in metrics.items()], SCHEMAS[EVAL_RESULTS]))
-    lake.append(EVAL_ITEMS, pa.Table.from_pylist([
-        {"eval_id": report.eval_id, "benchmark": report.benchmark, "item_id": r.item_id, "category": r.category,
-         "score": r.score, "response": r.response, "detail": r.detail, "metrics_json": json.dumps(r.metrics, sort_keys=True)}
-        for r in report.results], SCHEMAS[EVAL_ITEMS]))
+    lake.append(
+        EVAL_RESULTS,
+        pa.Table.from_pylist(
+            [
+                {
+                    "eval_id": report.eval_id,
+                    "model": report.model,
+                    "model_version": report.model_version,
+                    "benchmark": report.benchmark,
+                    "metric": metric,
+                    "value": float(value),
+                    "items": len(report.results),
+                    "scoring": report.scoring,
+                    "config_json": json.dumps({**report.config, "seconds": report.seconds}, sort_keys=True),
+                    "evaluated_at": now,
+                }
+                for metric, value in metrics.items()
+            ],
+            SCHEMAS[EVAL_RESULTS],
+        ),
+    )
+    lake.append(
+        EVAL_ITEMS,
+        pa.Table.from_pylist(
+            [
+                {
+                    "eval_id": report.eval_id,
+                    "benchmark": report.benchmark,
+                    "item_id": r.item_id,
+                    "category": r.category,
+                    "score": r.score,
+                    "response": r.response,
+                    "detail": r.detail,
+                    "metrics_json": json.dumps(r.metrics, sort_keys=True),
+                }
+                for r in report.results
+            ],
+            SCHEMAS[EVAL_ITEMS],
+        ),
+    )
 
 
 def report_dict(report: EvalReport) -> dict:

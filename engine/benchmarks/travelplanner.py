@@ -37,16 +37,45 @@ from pathlib import Path
 
 from .base import Ask, Benchmark, DataMissing, Item, ItemResult, limited, mean
 
-COMMONSENSE = ("within_sandbox", "complete_information", "within_current_city", "reasonable_city_route",
-               "diverse_restaurants", "diverse_attractions", "non_conflicting_transportation", "minimum_nights_stay")
+COMMONSENSE = (
+    "within_sandbox",
+    "complete_information",
+    "within_current_city",
+    "reasonable_city_route",
+    "diverse_restaurants",
+    "diverse_attractions",
+    "non_conflicting_transportation",
+    "minimum_nights_stay",
+)
 HARD = ("budget", "room_rule", "room_type", "cuisine", "transportation")
 CUISINES = ("American", "Chinese", "Italian", "Mexican", "Indian", "Mediterranean", "French")
-NUMBERS = {"one": 1, "single": 1, "solo": 1, "alone": 1, "two": 2, "pair": 2, "three": 3, "four": 4, "five": 5,
-           "six": 6, "seven": 7, "eight": 8}
-ROOM_RULES = {"parties": r"\bparties\b", "smoking": r"smoking", "children under 10": r"children under", "pets": r"\bpet",
-              "visitors": r"visitors"}
-ROOM_TYPES = {"entire room": r"entire room", "private room": r"private room", "shared room": r"(?<!not )shared room",
-              "not shared room": r"not shared room"}
+NUMBERS = {
+    "one": 1,
+    "single": 1,
+    "solo": 1,
+    "alone": 1,
+    "two": 2,
+    "pair": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+}
+ROOM_RULES = {
+    "parties": r"\bparties\b",
+    "smoking": r"smoking",
+    "children under 10": r"children under",
+    "pets": r"\bpet",
+    "visitors": r"visitors",
+}
+ROOM_TYPES = {
+    "entire room": r"entire room",
+    "private room": r"private room",
+    "shared room": r"(?<!not )shared room",
+    "not shared room": r"not shared room",
+}
 ROOM_TYPE_VALUE = {"entire room": "Entire home/apt", "private room": "Private room", "shared room": "Shared room"}
 MEALS = ("breakfast", "lunch", "dinner")
 
@@ -58,13 +87,15 @@ def parse_query(query: str, reference: dict) -> dict:
     moves = [k for k in reference if k.startswith(("Flight from ", "Self-driving from ", "Taxi from "))]
     first = re.match(r"\w[\w-]* from (.+?) to (.+?)(?: on \d{4}-\d\d-\d\d)?$", moves[0]) if moves else None
     org = city(first.group(1)) if first else ""
-    dest = [city(k[len("Attractions in "):]) for k in reference if k.startswith("Attractions in ")]
+    dest = [city(k[len("Attractions in ") :]) for k in reference if k.startswith("Attractions in ")]
     days = 7 if re.search(r"\bweek", text) else None
     match = re.search(r"\b(\d+|three|five|seven)[- ]days?\b", text)
     if days is None and match:
         days = int(match.group(1)) if match.group(1).isdigit() else {"three": 3, "five": 5, "seven": 7}[match.group(1)]
     people = 1
-    match = re.search(r"(?:group of|party of|for|a group of)\s+(\d+|two|three|four|five|six|seven|eight)\b(?! days?| cities)", text)
+    match = re.search(
+        r"(?:group of|party of|for|a group of)\s+(\d+|two|three|four|five|six|seven|eight)\b(?! days?| cities)", text
+    )
     if match:
         people = int(match.group(1)) if match.group(1).isdigit() else NUMBERS[match.group(1)]
     elif re.search(r"\b(\d+|two|three|four|five|six|seven|eight) (?:people|individuals|persons)\b", text):
@@ -75,18 +106,34 @@ def parse_query(query: str, reference: dict) -> dict:
     budget = int(re.search(r"\$([\d,]+)", query).group(1).replace(",", "")) if "$" in query else None
     local = {
         "house rule": next((rule for rule, pattern in ROOM_RULES.items() if re.search(pattern, text)), None),
-        "room type": next((kind for kind, pattern in sorted(ROOM_TYPES.items(), key=lambda kv: -len(kv[0]))
-                           if re.search(pattern, text)), None),
+        "room type": next(
+            (
+                kind
+                for kind, pattern in sorted(ROOM_TYPES.items(), key=lambda kv: -len(kv[0]))
+                if re.search(pattern, text)
+            ),
+            None,
+        ),
         "cuisine": [c for c in CUISINES if c.lower() in text] or None,
-        "transportation": ("no flight" if re.search(r"(no|not|avoid)[\w\s-]{0,30}(flight|flying)", text)
-                           else "no self-driving" if re.search(r"(non-self-driv|not[\w\s']{0,20}(self-drive|self-driv|drive))", text)
-                           else None),
+        "transportation": (
+            "no flight"
+            if re.search(r"(no|not|avoid)[\w\s-]{0,30}(flight|flying)", text)
+            else "no self-driving"
+            if re.search(r"(non-self-driv|not[\w\s']{0,20}(self-drive|self-driv|drive))", text)
+            else None
+        ),
     }
     if re.search(r"no specific (preferences|accommodation restrictions)", text) and not local["cuisine"]:
         local["house rule"] = local["room type"] = None
-    return {"org": org, "dest": dest, "days": days or {1: 3, 2: 5, 3: 7}.get(len(dest), 3),
-            "visiting_city_number": {3: 1, 5: 2, 7: 3}.get(days or 3, len(dest)), "people_number": people,
-            "budget": budget, "local_constraint": local}
+    return {
+        "org": org,
+        "dest": dest,
+        "days": days or {1: 3, 2: 5, 3: 7}.get(len(dest), 3),
+        "visiting_city_number": {3: 1, 5: 2, 7: 3}.get(days or 3, len(dest)),
+        "people_number": people,
+        "budget": budget,
+        "local_constraint": local,
+    }
 
 
 # -- the reference information ------------------------------------------------------------------------
@@ -94,8 +141,12 @@ class Sandbox:
     """Lookups into one query's reference information."""
 
     def __init__(self, reference: dict):
-        self.flights = {f["Flight Number"]: f for k, v in reference.items() if k.startswith("Flight from ") and isinstance(v, list)
-                        for f in v}
+        self.flights = {
+            f["Flight Number"]: f
+            for k, v in reference.items()
+            if k.startswith("Flight from ") and isinstance(v, list)
+            for f in v
+        }
         self.restaurants, self.attractions, self.stays, self.drives = {}, {}, {}, {}
         for key, value in reference.items():
             if not isinstance(value, list):
@@ -111,7 +162,14 @@ class Sandbox:
                 self.stays.update({(str(a["NAME"]).strip(), where): a for a in value})
 
     def drive(self, mode: str, origin: str, destination: str) -> str | None:
-        return next((v for k, v in self.drives.items() if k.startswith(mode) and cities_of(k.split(" ", 1)[1]) == [origin, destination]), None)
+        return next(
+            (
+                v
+                for k, v in self.drives.items()
+                if k.startswith(mode) and cities_of(k.split(" ", 1)[1]) == [origin, destination]
+            ),
+            None,
+        )
 
 
 def city(text: str) -> str:
@@ -138,7 +196,7 @@ def read_plan(response: str) -> list[dict] | None:
     start, end = response.find("["), response.rfind("]")
     if start < 0 or end <= start:
         return None
-    text = response[start:end + 1]
+    text = response[start : end + 1]
     for reader in (ast.literal_eval, json.loads):
         try:
             plan = reader(text)
@@ -156,13 +214,26 @@ def transport_mode(text: str) -> str | None:
     if empty(text):
         return None
     lowered = text.lower()
-    return "flight" if "flight" in lowered else "self-driving" if "self-driving" in lowered else "taxi" if "taxi" in lowered else "other"
+    return (
+        "flight"
+        if "flight" in lowered
+        else "self-driving"
+        if "self-driving" in lowered
+        else "taxi"
+        if "taxi" in lowered
+        else "other"
+    )
 
 
 def commonsense(plan: list[dict], query: dict, box: Sandbox) -> dict[str, bool]:
     meals = [(day, day.get(m)) for day in plan for m in MEALS if not empty(day.get(m))]
-    attractions = [(day, a) for day in plan if not empty(day.get("attraction"))
-                   for a in str(day["attraction"]).split(";") if a.strip()]
+    attractions = [
+        (day, a)
+        for day in plan
+        if not empty(day.get("attraction"))
+        for a in str(day["attraction"]).split(";")
+        if a.strip()
+    ]
     stays = [(day, day.get("accommodation")) for day in plan if not empty(day.get("accommodation"))]
 
     def in_sandbox() -> bool:
@@ -177,9 +248,11 @@ def commonsense(plan: list[dict], query: dict, box: Sandbox) -> dict[str, bool]:
                 route = cities_of(str(day.get("current_city", "")))
                 if len(route) != 2 or box.drive("Self-driving" if mode == "self-driving" else "Taxi", *route) is None:
                     return False
-        return (all(name_and_city(m) in box.restaurants for _, m in meals)
-                and all(name_and_city(a) in box.attractions for _, a in attractions)
-                and all(name_and_city(s) in box.stays for _, s in stays))
+        return (
+            all(name_and_city(m) in box.restaurants for _, m in meals)
+            and all(name_and_city(a) in box.attractions for _, a in attractions)
+            and all(name_and_city(s) in box.stays for _, s in stays)
+        )
 
     def complete() -> bool:
         if len(plan) != query["days"]:
@@ -195,7 +268,9 @@ def commonsense(plan: list[dict], query: dict, box: Sandbox) -> dict[str, bool]:
     def in_current_city() -> bool:
         for day in plan:
             here = cities_of(str(day.get("current_city", "")))
-            entries = [day.get(m) for m in MEALS] + str(day.get("attraction") or "").split(";") + [day.get("accommodation")]
+            entries = (
+                [day.get(m) for m in MEALS] + str(day.get("attraction") or "").split(";") + [day.get("accommodation")]
+            )
             if any(not empty(e) and name_and_city(str(e))[1] not in here for e in entries if str(e).strip()):
                 return False
         return True
@@ -232,9 +307,16 @@ def commonsense(plan: list[dict], query: dict, box: Sandbox) -> dict[str, bool]:
                 return False
         return True
 
-    return {"within_sandbox": in_sandbox(), "complete_information": complete(), "within_current_city": in_current_city(),
-            "reasonable_city_route": route(), "diverse_restaurants": diverse(meals), "diverse_attractions": diverse(attractions),
-            "non_conflicting_transportation": transport_ok(), "minimum_nights_stay": minimum_nights()}
+    return {
+        "within_sandbox": in_sandbox(),
+        "complete_information": complete(),
+        "within_current_city": in_current_city(),
+        "reasonable_city_route": route(),
+        "diverse_restaurants": diverse(meals),
+        "diverse_attractions": diverse(attractions),
+        "non_conflicting_transportation": transport_ok(),
+        "minimum_nights_stay": minimum_nights(),
+    }
 
 
 def plan_cost(plan: list[dict], query: dict, box: Sandbox) -> float:
@@ -255,7 +337,9 @@ def plan_cost(plan: list[dict], query: dict, box: Sandbox) -> float:
             record = box.restaurants.get(name_and_city(str(day.get(meal)))) if not empty(day.get(meal)) else None
             if record:
                 total += record["Average Cost"] * people
-        stay = box.stays.get(name_and_city(str(day.get("accommodation")))) if not empty(day.get("accommodation")) else None
+        stay = (
+            box.stays.get(name_and_city(str(day.get("accommodation")))) if not empty(day.get("accommodation")) else None
+        )
         if stay:
             total += stay["price"] * math.ceil(people / max(1, int(stay.get("maximum occupancy") or 1)))
     return total
@@ -263,7 +347,9 @@ def plan_cost(plan: list[dict], query: dict, box: Sandbox) -> float:
 
 def hard_constraints(plan: list[dict], query: dict, box: Sandbox) -> dict[str, bool]:
     local = query["local_constraint"]
-    stays = [box.stays.get(name_and_city(str(d.get("accommodation")))) for d in plan if not empty(d.get("accommodation"))]
+    stays = [
+        box.stays.get(name_and_city(str(d.get("accommodation")))) for d in plan if not empty(d.get("accommodation"))
+    ]
     stays = [s for s in stays if s]
     out = {"budget": query["budget"] is None or plan_cost(plan, query, box) <= query["budget"]}
     if local["house rule"]:
@@ -290,8 +376,10 @@ def hard_constraints(plan: list[dict], query: dict, box: Sandbox) -> dict[str, b
 
 class TravelPlanner(Benchmark):
     name = "travelplanner"
-    source = ("travelplanner/std_travelplanner.jsonl and train_ref_info.jsonl from OSU-NLP-Group/TravelPlanner; "
-              "see data/README.md")
+    source = (
+        "travelplanner/std_travelplanner.jsonl and train_ref_info.jsonl from OSU-NLP-Group/TravelPlanner; "
+        "see data/README.md"
+    )
     headline = "final_pass_rate"
     scoring = "the paper's metrics on each query's reference information (see engine/benchmarks/travelplanner.py)"
 
@@ -299,15 +387,27 @@ class TravelPlanner(Benchmark):
         queries = self.read_json(self.file(data, "travelplanner/std_travelplanner.jsonl"), lines=True)
         references = self.read_json(self.file(data, "travelplanner/train_ref_info.jsonl"), lines=True)
         if len(queries) != len(references):
-            raise DataMissing(f"{self.name}: {len(queries)} queries but {len(references)} reference records "
-                              "(std_travelplanner.jsonl and train_ref_info.jsonl must be line-aligned)")
+            raise DataMissing(
+                f"{self.name}: {len(queries)} queries but {len(references)} reference records "
+                "(std_travelplanner.jsonl and train_ref_info.jsonl must be line-aligned)"
+            )
         items = []
         for i, (row, reference) in enumerate(zip(queries, references)):
             messages = {m["role"]: m["content"] for m in row["messages"]}
             query_text = messages["user"].split("Query:")[-1].strip()
-            items.append(Item(f"travelplanner-train-{i}", f"{parse_query(query_text, reference)['days']}-day",
-                              {"system": messages["system"], "user": messages["user"], "query": query_text,
-                               "reference": reference, "plan": messages["assistant"]}))
+            items.append(
+                Item(
+                    f"travelplanner-train-{i}",
+                    f"{parse_query(query_text, reference)['days']}-day",
+                    {
+                        "system": messages["system"],
+                        "user": messages["user"],
+                        "query": query_text,
+                        "reference": reference,
+                        "plan": messages["assistant"],
+                    },
+                )
+            )
         return limited(items, limit)
 
     def ask(self, item: Item) -> Ask:
@@ -320,23 +420,46 @@ class TravelPlanner(Benchmark):
         query = parse_query(item.data["query"], item.data["reference"])
         plan = read_plan(response)
         if plan is None:
-            return ItemResult(item.item_id, item.category, response, 0.0,
-                              {"delivered": 0.0, "commonsense_passed": 0, "commonsense_total": len(COMMONSENSE),
-                               "hard_passed": 0, "hard_total": 1 + sum(v is not None for v in query["local_constraint"].values())},
-                              "no plan could be read")
+            return ItemResult(
+                item.item_id,
+                item.category,
+                response,
+                0.0,
+                {
+                    "delivered": 0.0,
+                    "commonsense_passed": 0,
+                    "commonsense_total": len(COMMONSENSE),
+                    "hard_passed": 0,
+                    "hard_total": 1 + sum(v is not None for v in query["local_constraint"].values()),
+                },
+                "no plan could be read",
+            )
         box = Sandbox(item.data["reference"])
         common = commonsense(plan, query, box)
         if common["complete_information"] and common["within_sandbox"]:
             hard = hard_constraints(plan, query, box)
         else:  # the official evaluator checks hard constraints only on complete plans within the sandbox
-            hard = dict.fromkeys(["budget", *[HARD[1 + i] for i, v in enumerate(query["local_constraint"].values()) if v]], False)
+            hard = dict.fromkeys(
+                ["budget", *[HARD[1 + i] for i, v in enumerate(query["local_constraint"].values()) if v]], False
+            )
         passed = all(common.values()) and all(hard.values())
         failed = [k for k, v in {**common, **hard}.items() if not v]
-        return ItemResult(item.item_id, item.category, response, float(passed),
-                          {"delivered": 1.0, "commonsense_passed": sum(common.values()), "commonsense_total": len(common),
-                           "hard_passed": sum(hard.values()), "hard_total": len(hard),
-                           "commonsense_all": float(all(common.values())), "hard_all": float(all(hard.values()))},
-                          "passes every constraint" if passed else f"fails: {', '.join(failed)}")
+        return ItemResult(
+            item.item_id,
+            item.category,
+            response,
+            float(passed),
+            {
+                "delivered": 1.0,
+                "commonsense_passed": sum(common.values()),
+                "commonsense_total": len(common),
+                "hard_passed": sum(hard.values()),
+                "hard_total": len(hard),
+                "commonsense_all": float(all(common.values())),
+                "hard_all": float(all(hard.values())),
+            },
+            "passes every constraint" if passed else f"fails: {', '.join(failed)}",
+        )
 
     def summary(self, results: list[ItemResult]) -> dict[str, float]:
         m = [r.metrics for r in results]

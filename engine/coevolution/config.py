@@ -20,7 +20,6 @@ from typing import Literal
 import tomli_w
 
 from lake import Lake
-
 from trainers import GRPOConfig, Precision, RWRConfig, vllm_available
 from trainers.plan import plan_run
 
@@ -33,7 +32,7 @@ MODES = ("genenv", "genenv-random", "genenv-static", "seeds-only")
 
 @dataclass
 class RunConfig:
-    domain: str = "toolcall"  # the domain where a measured CPU run shows learning (README)
+    domain: str = "toolcall"  # the domain where a measured CPU run shows learning (docs/RESULTS.md)
     mode: Literal["genenv", "genenv-random", "genenv-static", "seeds-only"] = "genenv"
     epochs: int = 6  # 0: until stopped (async runs only; SIGTERM or Ctrl-C stops them cleanly)
     tasks_per_epoch: int = 8  # simulator generations per epoch
@@ -77,13 +76,24 @@ class RunConfig:
     # A step per mixed group (its 8 rollouts, one micro-batch sharing their prompt), 2 passes, one AdamW carried
     # across the run's updates with a warmup of 8 steps: measured to teach the agent (docs/RESULTS.md; 3 passes
     # undid it).
-    agent: GRPOConfig = field(default_factory=lambda: GRPOConfig(
-        learning_rate=3e-5, per_device_train_batch_size=8, gradient_accumulation_steps=1, num_iterations=2,
-        lr_scheduler_type="constant_with_warmup", warmup_steps=8, temperature=1.0))
+    agent: GRPOConfig = field(
+        default_factory=lambda: GRPOConfig(
+            learning_rate=3e-5,
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=1,
+            num_iterations=2,
+            lr_scheduler_type="constant_with_warmup",
+            warmup_steps=8,
+            temperature=1.0,
+        )
+    )
     # Steps of 8 generations in micro-batches of 2: the simulator's prompts are long (four candidates), and a
     # micro-batch's activations are what sets the run's peak memory.
-    env: RWRConfig = field(default_factory=lambda: RWRConfig(learning_rate=1e-5, per_device_train_batch_size=2,
-                                                            gradient_accumulation_steps=4))
+    env: RWRConfig = field(
+        default_factory=lambda: RWRConfig(
+            learning_rate=1e-5, per_device_train_batch_size=2, gradient_accumulation_steps=4
+        )
+    )
 
     def check(self) -> None:
         """Raise ValueError naming the first bad value."""
@@ -95,19 +105,32 @@ class RunConfig:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.epochs < 0:
             raise ValueError(f"epochs must be >= 0 (0: until stopped, async only), got {self.epochs}")
-        for name in ("tasks_per_epoch", "batch_size", "group_size", "agent_max_new_tokens",
-                     "env_max_new_tokens", "generation_batch_size", "max_generation_attempts", "validation_size", "warm_start_tasks",
-                     "warm_start_epochs", "rollout_workers", "reward_workers"):
+        for name in (
+            "tasks_per_epoch",
+            "batch_size",
+            "group_size",
+            "agent_max_new_tokens",
+            "env_max_new_tokens",
+            "generation_batch_size",
+            "max_generation_attempts",
+            "validation_size",
+            "warm_start_tasks",
+            "warm_start_epochs",
+            "rollout_workers",
+            "reward_workers",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO compares rollouts within a group), got {self.group_size}")
         if self.seeds_path:
-            get_domain(self.domain, self.seeds_path).seed_file  # read now: raises naming what is missing
+            _ = get_domain(self.domain, self.seeds_path).seed_file  # read now: raises naming what is missing
         if self.refill_rounds < 0:
             raise ValueError(f"refill_rounds must be >= 0, got {self.refill_rounds}")
         if self.validation_subset < 0:
-            raise ValueError(f"validation_subset must be >= 0 (0: the whole set every epoch), got {self.validation_subset}")
+            raise ValueError(
+                f"validation_subset must be >= 0 (0: the whole set every epoch), got {self.validation_subset}"
+            )
         if self.final_bfcl_items < 0:
             raise ValueError(f"final_bfcl_items must be >= 0, got {self.final_bfcl_items}")
         if self.temperature <= 0:
@@ -123,8 +146,9 @@ class RunConfig:
             except ValueError as exc:
                 raise ValueError(f"[{section}] {exc}") from None
         if self.agent.temperature != self.temperature:
-            raise ValueError("agent.temperature must equal temperature (the logprobs are recorded at the sampling temperature)")
-
+            raise ValueError(
+                "agent.temperature must equal temperature (the logprobs are recorded at the sampling temperature)"
+            )
 
     @property
     def precision(self) -> Precision:
@@ -167,27 +191,61 @@ def check_plan(config: RunConfig) -> None:
 PROFILES: dict[str, dict] = {
     # tiny models, 2 epochs: the whole loop in about a minute on a laptop CPU (tests use it). A random tiny
     # model needs ~150 passes over 16 seeds before it writes parseable tasks.
-    "quick": {"domain": "arith", "agent_model": "tiny", "env_model": "tiny", "epochs": 2, "tasks_per_epoch": 4, "batch_size": 2,
-              "group_size": 4, "agent_max_new_tokens": 8, "env_max_new_tokens": 24, "validation_size": 6,
-              "validation_subset": 3, "refill_rounds": 1,
-              # a random tiny model's groups are almost all alike: keep them, so every epoch has an update to test
-              "agent.filter_groups": False,
-              "warm_start_tasks": 16, "warm_start_epochs": 150, "warm_start_learning_rate": 5e-3,
-              "agent.learning_rate": 1e-3, "env.learning_rate": 1e-3},
+    "quick": {
+        "domain": "arith",
+        "agent_model": "tiny",
+        "env_model": "tiny",
+        "epochs": 2,
+        "tasks_per_epoch": 4,
+        "batch_size": 2,
+        "group_size": 4,
+        "agent_max_new_tokens": 8,
+        "env_max_new_tokens": 24,
+        "validation_size": 6,
+        "validation_subset": 3,
+        "refill_rounds": 1,
+        # a random tiny model's groups are almost all alike: keep them, so every epoch has an update to test
+        "agent.filter_groups": False,
+        "warm_start_tasks": 16,
+        "warm_start_epochs": 150,
+        "warm_start_learning_rate": 5e-3,
+        "agent.learning_rate": 1e-3,
+        "env.learning_rate": 1e-3,
+    },
     # smollm2-135m on CPU: the embedded default
     "default": {},  # see RunConfig's defaults
     # the paper's settings (Qwen2.5-7B-Instruct, batch 64, 8 rollouts, vLLM) for GPU machines
     # The plan (`genenv plan --profile paper`) fits one 141 GB GPU: two vLLM engines of 15% each, LoRA updates of a
-    # bf16 base with gradient checkpointing, and the simulator's reference model for its KL term. README: an
-    # 8 x 80 GB FSDP variant with full fine-tuning.
-    "paper": {"agent_model": "Qwen/Qwen2.5-7B-Instruct", "env_model": "Qwen/Qwen2.5-7B-Instruct", "epochs": 10,
-              "tasks_per_epoch": 64, "batch_size": 64, "group_size": 8, "agent_max_new_tokens": 512,
-              "env_max_new_tokens": 512, "validation_size": 200, "validation_subset": 0, "warm_start": False, "backend": "vllm",
-              "gpu_memory_utilization": 0.15, "temperature": 1.0, "curriculum.granularity": "batch", "curriculum.k": 0.1,
-              "generation_batch_size": 256, "agent.learning_rate": 1e-5, "env.learning_rate": 1e-5,
-              "agent.per_device_train_batch_size": 8, "agent.gradient_accumulation_steps": 8, "agent.num_iterations": 1,
-              "agent.use_peft": True, "env.use_peft": True, "agent.gradient_checkpointing": True,
-              "env.gradient_checkpointing": True},
+    # bf16 base with gradient checkpointing, and the simulator's reference model for its KL term.
+    # configs/paper-fsdp-8gpu.toml: an 8 x 80 GB FSDP variant with full fine-tuning.
+    "paper": {
+        "agent_model": "Qwen/Qwen2.5-7B-Instruct",
+        "env_model": "Qwen/Qwen2.5-7B-Instruct",
+        "epochs": 10,
+        "tasks_per_epoch": 64,
+        "batch_size": 64,
+        "group_size": 8,
+        "agent_max_new_tokens": 512,
+        "env_max_new_tokens": 512,
+        "validation_size": 200,
+        "validation_subset": 0,
+        "warm_start": False,
+        "backend": "vllm",
+        "gpu_memory_utilization": 0.15,
+        "temperature": 1.0,
+        "curriculum.granularity": "batch",
+        "curriculum.k": 0.1,
+        "generation_batch_size": 256,
+        "agent.learning_rate": 1e-5,
+        "env.learning_rate": 1e-5,
+        "agent.per_device_train_batch_size": 8,
+        "agent.gradient_accumulation_steps": 8,
+        "agent.num_iterations": 1,
+        "agent.use_peft": True,
+        "env.use_peft": True,
+        "agent.gradient_checkpointing": True,
+        "env.gradient_checkpointing": True,
+    },
 }
 
 
@@ -250,14 +308,17 @@ def read_toml(text: str, what: str) -> dict:
 def to_toml(config: RunConfig) -> str:
     """The full configuration as TOML (written into the report folder, and a template for users), by tomli-w, so
     every value reads back as it was (TOML has no null: an unset optional is "none", as on the command line)."""
+
     def plain(value):
         if value is None:
             return "none"
         return list(value) if isinstance(value, tuple) else value
 
     def table(obj) -> dict:
-        return {f.name: table(v) if dataclasses.is_dataclass(v := getattr(obj, f.name)) else plain(v)
-                for f in dataclasses.fields(obj)}
+        return {
+            f.name: table(v) if dataclasses.is_dataclass(v := getattr(obj, f.name)) else plain(v)
+            for f in dataclasses.fields(obj)
+        }
 
     return tomli_w.dumps(table(config))
 
@@ -268,8 +329,9 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a run id names a fil
 def check_run_id(run_id: str) -> str:
     """`run_id` if it can name a file in <lake>/runs/; ValueError otherwise."""
     if not RUN_ID.fullmatch(run_id):
-        raise ValueError(f"run id {run_id!r:.80} must be 1-128 letters, digits, '.', '_' or '-', not starting with "
-                         "'.', '_' or '-'")
+        raise ValueError(
+            f"run id {run_id!r:.80} must be 1-128 letters, digits, '.', '_' or '-', not starting with '.', '_' or '-'"
+        )
     return run_id
 
 
@@ -289,8 +351,9 @@ def recorded_run_config(lake: Lake, run_id: str) -> RunConfig:
     relative = run_config_path(run_id)
     text = lake.files.read_text(relative)
     if text is None:
-        raise ValueError(f"run {run_id} has no recorded configuration at {lake.root}/{relative} "
-                         "(runs record it when they start)")
+        raise ValueError(
+            f"run {run_id} has no recorded configuration at {lake.root}/{relative} (runs record it when they start)"
+        )
     config = override(RunConfig(), _flatten(read_toml(text, f"{lake.root}/{relative}")))
     config.check()
     return config

@@ -58,8 +58,11 @@ def score_groups(batch_id: str, successes: dict[str, list[bool]], config: Curric
     """Score one batch of tasks (task id -> its rollouts' successes) at the configured granularity.
 
     Tasks without rollouts (invalid generations) are not part of any group."""
-    groups = ({batch_id: successes} if config.granularity == "batch"
-              else {f"{batch_id}:{task_id}": {task_id: s} for task_id, s in successes.items()})
+    groups = (
+        {batch_id: successes}
+        if config.granularity == "batch"
+        else {f"{batch_id}:{task_id}": {task_id: s} for task_id, s in successes.items()}
+    )
     scores = []
     for group_id, members in groups.items():
         members = {t: s for t, s in members.items() if s}
@@ -69,6 +72,16 @@ def score_groups(batch_id: str, successes: dict[str, list[bool]], config: Curric
         wins = sum(sum(s) for s in members.values())
         p_hat = wins / n
         reward = env_reward(p_hat, config)
-        scores.append(GroupScore(group_id, sorted(members), p_hat, reward, math.exp(reward / config.weight_temperature),
-                                 not in_band(p_hat, config), n, wins))
+        scores.append(
+            GroupScore(
+                group_id,
+                sorted(members),
+                p_hat,
+                reward,
+                math.exp(reward / config.weight_temperature),
+                not in_band(p_hat, config),
+                n,
+                wins,
+            )
+        )
     return scores

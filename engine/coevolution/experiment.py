@@ -1,4 +1,4 @@
-"""The ablation (docs/DESIGN.md, "Modes and the ablation"): the four modes at equal agent-rollout budget, over several seeds.
+"""The ablation (docs/DESIGN.md, "Modes and the ablation"): the four modes at equal agent-rollout budget, over seeds.
 
 Every mode runs tasks_per_epoch x group_size rollouts per epoch for the same number of epochs, so
 the agent sees the same number of rollouts; what differs is where its tasks come from. Every mode of a
@@ -15,26 +15,34 @@ import dataclasses
 import json
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 
 from lake import Lake  # noqa: E402
 
 from .config import MODES, RunConfig  # noqa: E402
-from .stats import finite as _finite, interval  # noqa: E402
+from .stats import finite as _finite  # noqa: E402
+from .stats import interval
 from .sync import CoEvolution, EpochMetrics  # noqa: E402
 from .writer import LakeWriter  # noqa: E402
 
 
-def run_ablation(base: RunConfig, seeds: int, lake: Lake, servers: str, out: Path, say=print,
-                 modes: tuple[str, ...] = MODES, phase=None,
-                 measure: Callable[[list[EpochMetrics], Lake, str], list[EpochMetrics]] = lambda m, lake, run_id: m) -> dict:
+def run_ablation(
+    base: RunConfig,
+    seeds: int,
+    lake: Lake,
+    servers: str,
+    out: Path,
+    say=print,
+    modes: tuple[str, ...] = MODES,
+    phase=None,
+    measure: Callable[[list[EpochMetrics], Lake, str], list[EpochMetrics]] = lambda m, lake, run_id: m,
+) -> dict:
     """measure(metrics, lake, run_id): each run's metrics with the curriculum measures filled from the lake
     (engine.lineage.with_measures; passed in, as the lineage package depends on this one)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -56,17 +64,25 @@ def run_ablation(base: RunConfig, seeds: int, lake: Lake, servers: str, out: Pat
                 start_from, initial = engine.warm_started, engine.initial_validation
             if mode not in modes:
                 continue
-            results[mode].append({
-                "run_id": engine.run_id, "seed": seed, "initial": engine.initial_accuracy,
-                "validation": [m.validation_accuracy for m in metrics],
-                "agent_success": [m.agent_success for m in metrics], "in_band": [m.in_band_share for m in metrics],
-                "difficulty": [m.difficulty for m in metrics], "selection_bias": [m.selection_bias for m in metrics],
-                "valid_share": [m.valid_share for m in metrics], "chosen_levels": [m.chosen_levels for m in metrics],
-                "success_by_level": [m.success_by_level for m in metrics],
-                "informative": [m.informative_groups_per_100 for m in metrics],
-                "validation_by_level": [engine.initial_validation.by_level] + [m.validation_by_level for m in metrics],
-                "bfcl": engine.final_benchmark.get("non_live_ast"),
-            })
+            results[mode].append(
+                {
+                    "run_id": engine.run_id,
+                    "seed": seed,
+                    "initial": engine.initial_accuracy,
+                    "validation": [m.validation_accuracy for m in metrics],
+                    "agent_success": [m.agent_success for m in metrics],
+                    "in_band": [m.in_band_share for m in metrics],
+                    "difficulty": [m.difficulty for m in metrics],
+                    "selection_bias": [m.selection_bias for m in metrics],
+                    "valid_share": [m.valid_share for m in metrics],
+                    "chosen_levels": [m.chosen_levels for m in metrics],
+                    "success_by_level": [m.success_by_level for m in metrics],
+                    "informative": [m.informative_groups_per_100 for m in metrics],
+                    "validation_by_level": [engine.initial_validation.by_level]
+                    + [m.validation_by_level for m in metrics],
+                    "bfcl": engine.final_benchmark.get("non_live_ast"),
+                }
+            )
             (out / "runs.json").write_text(json.dumps(results, indent=2))  # progress survives an interruption
     table = summarise(results)
     (out / "ablation.json").write_text(json.dumps(table, indent=2, allow_nan=False))
@@ -92,7 +108,7 @@ def _mean_or_nan(values) -> float:
 MEASURES: dict[str, Callable[[dict], float]] = {
     "final_validation": lambda r: r["validation"][-1],
     "validation_gain": lambda r: r["validation"][-1] - r["initial"],
-    "in_band_last_half": lambda r: _mean_or_nan(r["in_band"][len(r["in_band"]) // 2:]),
+    "in_band_last_half": lambda r: _mean_or_nan(r["in_band"][len(r["in_band"]) // 2 :]),
     "selection_bias": lambda r: _mean_or_nan(r["selection_bias"]),
     "selection_bias_per_epoch": lambda r: _slope(r["selection_bias"]),
     "informative_per_100": lambda r: _mean_or_nan(r["informative"]),
@@ -105,8 +121,12 @@ def summarise(results: dict[str, list[dict]]) -> dict:
     """Per mode, each measure's mean and bootstrap interval over seeds; per mode but the baseline, the same of the
     paired difference against the baseline's run of the same seed (seeds share their warm start, so pairing
     takes the seed's own luck out)."""
-    per_run = {mode: {r["seed"]: {name: f(r) for name, f in MEASURES.items()} for r in runs} for mode, runs in results.items()}
-    modes = {mode: {name: interval([m[name] for m in runs.values()]) for name in MEASURES} for mode, runs in per_run.items()}
+    per_run = {
+        mode: {r["seed"]: {name: f(r) for name, f in MEASURES.items()} for r in runs} for mode, runs in results.items()
+    }
+    modes = {
+        mode: {name: interval([m[name] for m in runs.values()]) for name in MEASURES} for mode, runs in per_run.items()
+    }
     paired = {}
     if BASELINE in per_run:
         base = per_run[BASELINE]
@@ -114,7 +134,9 @@ def summarise(results: dict[str, list[dict]]) -> dict:
             if mode == BASELINE:
                 continue
             seeds = sorted(set(runs) & set(base))
-            paired[mode] = {name: interval([runs[s][name] - base[s][name] for s in seeds]) for name in MEASURES}  # NaN - x: left out
+            paired[mode] = {
+                name: interval([runs[s][name] - base[s][name] for s in seeds]) for name in MEASURES
+            }  # NaN - x: left out
     return {"modes": modes, f"paired_vs_{BASELINE}": paired}
 
 
@@ -128,28 +150,37 @@ def cell(stats: dict, signed: bool = False) -> str:
 def markdown(table: dict, base: RunConfig, seeds: int) -> str:
     names = list(MEASURES)
     header = "| mode | n | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names)
-    rows = "\n".join(f"| {mode} | {next(iter(t.values()))['n']} | " + " | ".join(cell(t[n]) for n in names) + " |"
-                     for mode, t in table["modes"].items())
+    rows = "\n".join(
+        f"| {mode} | {next(iter(t.values()))['n']} | " + " | ".join(cell(t[n]) for n in names) + " |"
+        for mode, t in table["modes"].items()
+    )
     paired = table[f"paired_vs_{BASELINE}"]
-    diffs = "\n".join(f"| {mode} - {BASELINE} | {t['final_validation']['n']} | " + " | ".join(cell(t[n], True) for n in names)
-                      + " |" for mode, t in paired.items())
-    return (f"# Ablation: {base.domain}, {seeds} seeds, {base.epochs} epochs x {base.tasks_per_epoch} tasks x "
-            f"{base.group_size} rollouts, agent {base.agent_model}\n\n"
-            "Each cell: the mean over seeds and its 95% bootstrap interval. final_validation and validation_gain: "
-            f"held-out greedy accuracy ({base.validation_size} items) after the last epoch, and its change from before "
-            "training; in_band_last_half: share of scored groups in the alpha band over the last half of the epochs; "
-            "selection_bias: the level the simulator chose minus the mean level offered (selection_bias_per_epoch: "
-            "its least-squares change per epoch); informative_per_100: groups with 0 < p_hat < 1 per 100 "
-            "rollouts; final_bfcl: BFCL simple_python + multiple after the last epoch (with final_bfcl_items, "
-            f"else -).\n\n{header}\n{rows}\n\nPaired differences against {BASELINE} (same seed, same warm start):"
-            f"\n\n{header.replace('| mode |', '| modes |')}\n{diffs}\n\n![ablation](ablation.png)\n")
+    diffs = "\n".join(
+        f"| {mode} - {BASELINE} | {t['final_validation']['n']} | " + " | ".join(cell(t[n], True) for n in names) + " |"
+        for mode, t in paired.items()
+    )
+    return (
+        f"# Ablation: {base.domain}, {seeds} seeds, {base.epochs} epochs x {base.tasks_per_epoch} tasks x "
+        f"{base.group_size} rollouts, agent {base.agent_model}\n\n"
+        "Each cell: the mean over seeds and its 95% bootstrap interval. final_validation and validation_gain: "
+        f"held-out greedy accuracy ({base.validation_size} items) after the last epoch, and its change from before "
+        "training; in_band_last_half: share of scored groups in the alpha band over the last half of the epochs; "
+        "selection_bias: the level the simulator chose minus the mean level offered (selection_bias_per_epoch: "
+        "its least-squares change per epoch); informative_per_100: groups with 0 < p_hat < 1 per 100 "
+        "rollouts; final_bfcl: BFCL simple_python + multiple after the last epoch (with final_bfcl_items, "
+        f"else -).\n\n{header}\n{rows}\n\nPaired differences against {BASELINE} (same seed, same warm start):"
+        f"\n\n{header.replace('| mode |', '| modes |')}\n{diffs}\n\n![ablation](ablation.png)\n"
+    )
 
 
 def plot(results: dict[str, list[dict]], path: Path) -> None:
     """Per mode, the mean over seeds per epoch (band: +- one standard deviation) of validation accuracy (with
     the start at epoch -1), the in-band share and the selection bias."""
-    panels = (("validation accuracy", lambda r: [r["initial"]] + r["validation"], -1),
-              ("groups in band", lambda r: r["in_band"], 0), ("selection bias (levels)", lambda r: r["selection_bias"], 0))
+    panels = (
+        ("validation accuracy", lambda r: [r["initial"]] + r["validation"], -1),
+        ("groups in band", lambda r: r["in_band"], 0),
+        ("selection bias (levels)", lambda r: r["selection_bias"], 0),
+    )
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for ax, (title, series, first) in zip(axes, panels):
         for mode, runs in results.items():

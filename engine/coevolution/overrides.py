@@ -64,8 +64,9 @@ def apply_values(config, values: dict):
     for name, value in values.items():
         name = name.strip().replace("-", "_")
         if name not in names:
-            raise OverrideError(f"{name}: no such option for {type(config).__name__} "
-                                f"(options: {', '.join(sorted(names))})")
+            raise OverrideError(
+                f"{name}: no such option for {type(config).__name__} (options: {', '.join(sorted(names))})"
+            )
         try:
             changes[name] = typed(value, hints[name])
         except ValueError as exc:

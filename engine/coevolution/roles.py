@@ -20,8 +20,17 @@ from dataclasses import dataclass, field, replace
 from lake import Lake
 from streams import BatchScored, CheckpointPublished, RewardScored, RolloutCompleted, TaskGenerated
 from trainers import (
-    CheckpointRecord, Precision, SamplingConfig, TransformersBackend, VLLMBackend, load_checkpoint, load_published, registry,
-    render_prompt, sample_seed, train_update,
+    CheckpointRecord,
+    Precision,
+    SamplingConfig,
+    TransformersBackend,
+    VLLMBackend,
+    load_checkpoint,
+    load_published,
+    registry,
+    render_prompt,
+    sample_seed,
+    train_update,
 )
 from trainers.update import SEED_VERSION
 
@@ -69,8 +78,16 @@ def offered_of(raw: str) -> list[float]:
 
 
 def generated_task(event) -> GeneratedTask:
-    return GeneratedTask(event.task_id, event.batch_id, event.sim_prompt, event.raw_generation, task_of(event),
-                         event.env_model_version, event.epoch, offered_of(event.offered_json))
+    return GeneratedTask(
+        event.task_id,
+        event.batch_id,
+        event.sim_prompt,
+        event.raw_generation,
+        task_of(event),
+        event.env_model_version,
+        event.epoch,
+        offered_of(event.offered_json),
+    )
 
 
 def run_version(lake: Lake, kind: str, run_id: str, first: bool = False) -> int:
@@ -130,8 +147,11 @@ class ModelRole:
         # With vLLM the weights that generate live in its engine: the transformers copy, only read to load them
         # into it, stays on the CPU.
         precision = self.config.precision if self.config.backend != "vllm" else Precision("cpu", self.config.dtype)
-        self.model = (load_published(lake, self.kind, version, sha256, precision) if sha256
-                      else load_checkpoint(lake, self.kind, version, self.base_model, precision))
+        self.model = (
+            load_published(lake, self.kind, version, sha256, precision)
+            if sha256
+            else load_checkpoint(lake, self.kind, version, self.base_model, precision)
+        )
         self.version = version
         if self.engine is not None:
             self.engine.load_weights(self.model.model)  # the same engine, new weights
@@ -139,8 +159,15 @@ class ModelRole:
     def unload(self) -> None:
         self.model = None
 
-    def generate(self, prompts: list[str], max_new_tokens: int, seeds: list[int] | None = None, greedy: bool = False,
-                 progress: Tick = _quiet, grammars: list[str] | None = None):
+    def generate(
+        self,
+        prompts: list[str],
+        max_new_tokens: int,
+        seeds: list[int] | None = None,
+        greedy: bool = False,
+        progress: Tick = _quiet,
+        grammars: list[str] | None = None,
+    ):
         """One generation per prompt; seeds: one per prompt (trainers.sample_seed), unused when greedy; grammars: one
         per prompt, the form its output is constrained to ("": free)."""
         if self.model is None:
@@ -148,8 +175,9 @@ class ModelRole:
         if not prompts:
             return []
         cfg = self.config
-        sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0 if greedy else cfg.temperature,
-                                  seed=cfg.seed)
+        sampling = SamplingConfig(
+            max_new_tokens=max_new_tokens, temperature=0.0 if greedy else cfg.temperature, seed=cfg.seed
+        )
         return self.backend().generate(prompts, sampling, seeds=seeds, progress=progress, grammars=grammars)
 
     def backend(self):
@@ -157,17 +185,22 @@ class ModelRole:
         if cfg.backend != "vllm":
             return TransformersBackend(self.model.model, self.model.tokenizer, batch_size=cfg.generation_batch_size)
         if self.engine is None:
-            self.engine = VLLMBackend(self.model.source, cfg.tensor_parallel_size, cfg.gpu_memory_utilization,
-                                      cfg.precision.resolved().dtype, cfg.seed)
+            self.engine = VLLMBackend(
+                self.model.source,
+                cfg.tensor_parallel_size,
+                cfg.gpu_memory_utilization,
+                cfg.precision.resolved().dtype,
+                cfg.seed,
+            )
         return self.engine
 
 
 class Simulator(ModelRole):
     """Requests -> generations -> tasks. The run's mode decides where an epoch's tasks come from:
 
-        genenv, genenv-random   the simulator writes each epoch's tasks
-        genenv-static           the simulator writes every epoch's tasks once, in epoch 0
-        seeds-only              the domain's seed tasks; no simulator model
+    genenv, genenv-random   the simulator writes each epoch's tasks
+    genenv-static           the simulator writes every epoch's tasks once, in epoch 0
+    seeds-only              the domain's seed tasks; no simulator model
     """
 
     kind = "env"
@@ -181,7 +214,9 @@ class Simulator(ModelRole):
     def needs_model(self) -> bool:
         return self.config.mode != "seeds-only"
 
-    def tasks_for(self, epoch: int, history: list[tuple[dict, bool]], progress_for=None) -> tuple[list[GeneratedTask], list[GeneratedTask]]:
+    def tasks_for(
+        self, epoch: int, history: list[tuple[dict, bool]], progress_for=None
+    ) -> tuple[list[GeneratedTask], list[GeneratedTask]]:
         """(tasks to publish this epoch, valid tasks the agent attempts this epoch). `history`: (difficulty, success)
         of recent rollouts, which the simulator's prompt summarises.
 
@@ -191,20 +226,32 @@ class Simulator(ModelRole):
         cfg = self.config
         n = cfg.tasks_per_epoch
         if cfg.mode == "seeds-only":
-            tasks = [GeneratedTask(f"{self.run_id}-e{epoch}-t{i}", self.batch_id(epoch, i), "", text, task, SEED_VERSION, epoch)
-                     for i, (_, text, task) in enumerate(self.domain.seeds(self.rng, n))]
+            tasks = [
+                GeneratedTask(
+                    f"{self.run_id}-e{epoch}-t{i}", self.batch_id(epoch, i), "", text, task, SEED_VERSION, epoch
+                )
+                for i, (_, text, task) in enumerate(self.domain.seeds(self.rng, n))
+            ]
             return tasks, tasks
         if cfg.mode == "genenv-static":
             published = []
             if epoch == 0:
                 published = self.write(0, n * cfg.epochs, history, progress_for)
                 self.static_tasks = [t for t in published if isinstance(t.parsed, Task)]
-            return published, self.static_tasks[epoch * n:(epoch + 1) * n]
+            return published, self.static_tasks[epoch * n : (epoch + 1) * n]
         tasks = self.write(epoch, n, history, progress_for)
         return tasks, [t for t in tasks if isinstance(t.parsed, Task)]
 
-    def write(self, epoch: int, n_valid: int, history: list[tuple[dict, bool]], progress_for=None, first: int = 0,
-              first_valid: int = 0, round_: int = 0) -> list[GeneratedTask]:
+    def write(
+        self,
+        epoch: int,
+        n_valid: int,
+        history: list[tuple[dict, bool]],
+        progress_for=None,
+        first: int = 0,
+        first_valid: int = 0,
+        round_: int = 0,
+    ) -> list[GeneratedTask]:
         """Simulator generations until n_valid parse (or the attempts run out); valid ones batched in order.
         progress_for(description) -> a Phase context giving a Tick (one bar per attempt). first, first_valid: the
         epoch's tasks and valid tasks so far (task ids and batches go on from them); round_: the epoch's round of
@@ -227,24 +274,57 @@ class Simulator(ModelRole):
                 generations = self.generate(prompts, cfg.env_max_new_tokens, seeds, grammars=grammars)
             else:
                 with progress_for(description) as tick:
-                    generations = self.generate(prompts, cfg.env_max_new_tokens, seeds, progress=tick, grammars=grammars)
+                    generations = self.generate(
+                        prompts, cfg.env_max_new_tokens, seeds, progress=tick, grammars=grammars
+                    )
             for request, generation in zip(requests, generations):
                 parsed = self.domain.parse(generation.text, request.context)
-                batch_id = (self.batch_id(epoch, first_valid + valid) if isinstance(parsed, Task)
-                            else f"{self.run_id}-e{epoch}-invalid")
+                batch_id = (
+                    self.batch_id(epoch, first_valid + valid)
+                    if isinstance(parsed, Task)
+                    else f"{self.run_id}-e{epoch}-invalid"
+                )
                 valid += isinstance(parsed, Task)
-                tasks.append(GeneratedTask(f"{self.run_id}-e{epoch}-t{first + len(tasks)}", batch_id, generation.prompt,
-                                           generation.text, parsed, str(self.version), epoch, request.offered))
+                tasks.append(
+                    GeneratedTask(
+                        f"{self.run_id}-e{epoch}-t{first + len(tasks)}",
+                        batch_id,
+                        generation.prompt,
+                        generation.text,
+                        parsed,
+                        str(self.version),
+                        epoch,
+                        request.offered,
+                    )
+                )
         return tasks
 
-    def refill(self, epoch: int, n: int, round_: int, first: int, first_valid: int, history: list[tuple[dict, bool]],
-               progress_for=None) -> tuple[list[GeneratedTask], list[GeneratedTask]]:
+    def refill(
+        self,
+        epoch: int,
+        n: int,
+        round_: int,
+        first: int,
+        first_valid: int,
+        history: list[tuple[dict, bool]],
+        progress_for=None,
+    ) -> tuple[list[GeneratedTask], list[GeneratedTask]]:
         """n more tasks for this epoch, in place of groups whose rollouts all agreed (dynamic sampling): as
         `tasks_for`, from the same source (seeds for seeds-only; the simulator as it is now otherwise, which for
         genenv-static is the untrained simulator that wrote its tasks)."""
         if self.config.mode == "seeds-only":
-            tasks = [GeneratedTask(f"{self.run_id}-e{epoch}-t{first + i}", self.batch_id(epoch, first_valid + i), "", text,
-                                   task, SEED_VERSION, epoch) for i, (_, text, task) in enumerate(self.domain.seeds(self.rng, n))]
+            tasks = [
+                GeneratedTask(
+                    f"{self.run_id}-e{epoch}-t{first + i}",
+                    self.batch_id(epoch, first_valid + i),
+                    "",
+                    text,
+                    task,
+                    SEED_VERSION,
+                    epoch,
+                )
+                for i, (_, text, task) in enumerate(self.domain.seeds(self.rng, n))
+            ]
             return tasks, tasks
         tasks = self.write(epoch, n, history, progress_for, first, first_valid, round_)
         return tasks, [t for t in tasks if isinstance(t.parsed, Task)]
@@ -258,14 +338,28 @@ class Simulator(ModelRole):
         return f"{self.run_id}-e{epoch}-b{index // self.config.batch_size}"
 
     def event(self, task: GeneratedTask, producer: str = "simulator") -> TaskGenerated:
-        common = dict(run_id=self.run_id, epoch=task.epoch, task_id=task.task_id, batch_id=task.batch_id,
-                      domain=self.domain.name, env_model_version=task.env_version, sim_prompt=task.sim_prompt,
-                      raw_generation=task.generation, offered_json=json.dumps(task.offered), producer=producer)
+        common = dict(
+            run_id=self.run_id,
+            epoch=task.epoch,
+            task_id=task.task_id,
+            batch_id=task.batch_id,
+            domain=self.domain.name,
+            env_model_version=task.env_version,
+            sim_prompt=task.sim_prompt,
+            raw_generation=task.generation,
+            offered_json=json.dumps(task.offered),
+            producer=producer,
+        )
         if isinstance(task.parsed, Invalid):
             return TaskGenerated(**common, valid=False, invalid_reason=task.parsed.reason)
         tools, reference, difficulty = task_to_json(task.parsed)
-        return TaskGenerated(**common, task_prompt=task.parsed.prompt, tools_json=tools, reference_json=reference,
-                             difficulty_json=difficulty)
+        return TaskGenerated(
+            **common,
+            task_prompt=task.parsed.prompt,
+            tools_json=tools,
+            reference_json=reference,
+            difficulty_json=difficulty,
+        )
 
 
 class Rollouts(ModelRole):
@@ -277,26 +371,39 @@ class Rollouts(ModelRole):
     def prompt(self, task: Task) -> str:
         return render_prompt(self.model.tokenizer, self.domain.agent_prompt(task), system=self.domain.agent_system)
 
-    def roll_out(self, tasks: list[GeneratedTask], epoch: int, progress: Tick = _quiet,
-                 producer: str = "rollout") -> list[RolloutCompleted]:
+    def roll_out(
+        self, tasks: list[GeneratedTask], epoch: int, progress: Tick = _quiet, producer: str = "rollout"
+    ) -> list[RolloutCompleted]:
         """group_size rollouts of every task, in task order; rollout ids are `<task id>-r<i>`. Rollout i of a task is
         sampled with `rollout_seed(run seed, task id, i)`: a group's rollouts differ, and a replay gets them again."""
         g = self.config.group_size
         prompts = [self.prompt(t.parsed) for t in tasks for _ in range(g)]
         seeds = [rollout_seed(self.config.seed, t.task_id, i) for t in tasks for i in range(g)]
         generations = self.generate(prompts, self.config.agent_max_new_tokens, seeds, progress=progress)
-        return [RolloutCompleted(
-            run_id=self.run_id, epoch=epoch, rollout_id=f"{tasks[i // g].task_id}-r{i % g}", task_id=tasks[i // g].task_id,
-            group_index=i % g, agent_model_version=str(self.version), prompt=generation.prompt,
-            completion=generation.text, completion_token_ids=generation.token_ids,
-            behaviour_logprobs=generation.logprobs, temperature=self.config.temperature, producer=producer)
-            for i, generation in enumerate(generations)]
+        return [
+            RolloutCompleted(
+                run_id=self.run_id,
+                epoch=epoch,
+                rollout_id=f"{tasks[i // g].task_id}-r{i % g}",
+                task_id=tasks[i // g].task_id,
+                group_index=i % g,
+                agent_model_version=str(self.version),
+                prompt=generation.prompt,
+                completion=generation.text,
+                completion_token_ids=generation.token_ids,
+                behaviour_logprobs=generation.logprobs,
+                temperature=self.config.temperature,
+                producer=producer,
+            )
+            for i, generation in enumerate(generations)
+        ]
 
     def validate(self, tasks: list[Task], progress: Tick = _quiet) -> Validation:
         """Success of greedy answers to `tasks` (the domain's held-out set, generated in batches), overall and
         per level."""
-        generations = self.generate([self.prompt(t) for t in tasks], self.config.agent_max_new_tokens, greedy=True,
-                                    progress=progress)
+        generations = self.generate(
+            [self.prompt(t) for t in tasks], self.config.agent_max_new_tokens, greedy=True, progress=progress
+        )
         successes = [self.domain.check(t, g.text).success for t, g in zip(tasks, generations)]
         feature = getattr(self.domain, "difficulty_feature", "")
         by_level: dict[str, list[bool]] = {}
@@ -304,9 +411,11 @@ class Rollouts(ModelRole):
             level = task.difficulty.get(feature)
             if isinstance(level, (int, float)):
                 by_level.setdefault(level_name(level), []).append(success)
-        return Validation(round(sum(successes) / max(len(tasks), 1), 4),
-                          {level: round(sum(s) / len(s), 4) for level, s in sorted(by_level.items(), key=lambda x: float(x[0]))},
-                          tuple(successes))
+        return Validation(
+            round(sum(successes) / max(len(tasks), 1), 4),
+            {level: round(sum(s) / len(s), 4) for level, s in sorted(by_level.items(), key=lambda x: float(x[0]))},
+            tuple(successes),
+        )
 
 
 class Scorer:
@@ -327,11 +436,25 @@ class Scorer:
 
     def reward(self, task: GeneratedTask, rollout: RolloutCompleted, producer: str = "reward") -> RewardScored:
         verdict = self.verdict(task.parsed, rollout.completion)
-        return RewardScored(run_id=self.run_id, epoch=rollout.epoch, rollout_id=rollout.rollout_id, task_id=rollout.task_id,
-                            reward=verdict.reward, success=verdict.success, checker_detail=verdict.detail, producer=producer)
+        return RewardScored(
+            run_id=self.run_id,
+            epoch=rollout.epoch,
+            rollout_id=rollout.rollout_id,
+            task_id=rollout.task_id,
+            reward=verdict.reward,
+            success=verdict.success,
+            checker_detail=verdict.detail,
+            producer=producer,
+        )
 
-    def groups(self, tasks: list[GeneratedTask], successes: dict[str, list[bool]], epoch: int,
-               granularity: str | None = None, producer: str = "reward") -> list[BatchScored]:
+    def groups(
+        self,
+        tasks: list[GeneratedTask],
+        successes: dict[str, list[bool]],
+        epoch: int,
+        granularity: str | None = None,
+        producer: str = "reward",
+    ) -> list[BatchScored]:
         """The curriculum's score of every batch of `tasks` (task id -> its rollouts' successes), at the run's
         granularity unless one is given; tasks without rollouts are in no group."""
         curriculum = self.config.curriculum
@@ -340,16 +463,32 @@ class Scorer:
         by_batch: dict[str, dict[str, list[bool]]] = {}
         for t in tasks:
             by_batch.setdefault(t.batch_id, {})[t.task_id] = successes.get(t.task_id, [])
-        return [BatchScored(
-            run_id=self.run_id, epoch=epoch, batch_id=s.batch_id, task_ids=s.task_ids, granularity=curriculum.granularity,
-            p_hat=s.p_hat, env_reward=s.env_reward, weight=s.weight, filtered=s.filtered, n_tasks=len(s.task_ids),
-            n_rollouts=s.n_rollouts, n_success=s.n_success, producer=producer)
-            for batch_id, members in by_batch.items() for s in score_groups(batch_id, members, curriculum)]
+        return [
+            BatchScored(
+                run_id=self.run_id,
+                epoch=epoch,
+                batch_id=s.batch_id,
+                task_ids=s.task_ids,
+                granularity=curriculum.granularity,
+                p_hat=s.p_hat,
+                env_reward=s.env_reward,
+                weight=s.weight,
+                filtered=s.filtered,
+                n_tasks=len(s.task_ids),
+                n_rollouts=s.n_rollouts,
+                n_success=s.n_success,
+                producer=producer,
+            )
+            for batch_id, members in by_batch.items()
+            for s in score_groups(batch_id, members, curriculum)
+        ]
 
 
 def checkpoint_event(record: CheckpointRecord, run_id: str, epoch: int) -> CheckpointPublished:
     """The event that asks the lake to register a checkpoint (it does after the registry's checks)."""
-    return CheckpointPublished(run_id=run_id, epoch=epoch, producer=f"trainer-{record.model_kind}", **record.event_fields())
+    return CheckpointPublished(
+        run_id=run_id, epoch=epoch, producer=f"trainer-{record.model_kind}", **record.event_fields()
+    )
 
 
 class Updater:
@@ -363,14 +502,31 @@ class Updater:
         self.kind, self.config, self.run_id = kind, config, run_id
         self.options = config.agent if kind == "agent" else config.env
 
-    def update(self, lake: Lake, parent_version: int, *, pool_version: int | None = None, options=None,
-               warm_start: bool = False, progress: Tick | None = None) -> CheckpointRecord:
+    def update(
+        self,
+        lake: Lake,
+        parent_version: int,
+        *,
+        pool_version: int | None = None,
+        options=None,
+        warm_start: bool = False,
+        progress: Tick | None = None,
+    ) -> CheckpointRecord:
         """One update from checkpoint `parent_version` on the pool's rows it has not seen (trainers.TrainError
         when there are none to train on)."""
         base = self.config.agent_model if self.kind == "agent" else self.config.env_model
-        return train_update(self.kind, lake, options or self.options, base_model=base, pool_version=pool_version,
-                            parent_version=parent_version, run_id=self.run_id, warm_start=warm_start,
-                            precision=self.config.precision, progress=progress)
+        return train_update(
+            self.kind,
+            lake,
+            options or self.options,
+            base_model=base,
+            pool_version=pool_version,
+            parent_version=parent_version,
+            run_id=self.run_id,
+            warm_start=warm_start,
+            precision=self.config.precision,
+            progress=progress,
+        )
 
     def event(self, record: CheckpointRecord, epoch: int) -> CheckpointPublished:
         return checkpoint_event(record, self.run_id, epoch)

@@ -21,8 +21,14 @@ def interval(values, resamples: int = 2000) -> dict:
     mean = statistics.fmean(kept)
     if len(kept) < 2 or max(kept) == min(kept):
         return {"n": len(kept), "mean": mean, "low": mean, "high": mean}
-    ci = bootstrap((np.array(kept),), np.mean, confidence_level=0.95, n_resamples=resamples, method="percentile",
-                   rng=np.random.default_rng(0)).confidence_interval
+    ci = bootstrap(
+        (np.array(kept),),
+        np.mean,
+        confidence_level=0.95,
+        n_resamples=resamples,
+        method="percentile",
+        rng=np.random.default_rng(0),
+    ).confidence_interval
     return {"n": len(kept), "mean": mean, "low": float(ci.low), "high": float(ci.high)}
 
 

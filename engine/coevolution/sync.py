@@ -1,4 +1,5 @@
-"""The co-evolution loop in sync mode: the paper's epoch, the roles called in order, every event through Kafka and the lake.
+"""The co-evolution loop in sync mode: the paper's epoch, the roles called in order, every event through Kafka and
+the lake.
 
     prepare:        record the run's config in the lake, load each role's model
     warm start:     seed tasks + reference answers -> lake -> SFT of both models (optional)
@@ -94,8 +95,16 @@ class CoEvolution:
     the config and loads the models. start_from: (agent, env) checkpoint versions to begin with instead of the
     base models (the ablation's runs share one warm start)."""
 
-    def __init__(self, config: RunConfig, lake: Lake, writer: LakeWriter | None = None, say: Say = print,
-                 run_id: str | None = None, phase: Phase | None = None, start_from: tuple[int, int] = (0, 0)):
+    def __init__(
+        self,
+        config: RunConfig,
+        lake: Lake,
+        writer: LakeWriter | None = None,
+        say: Say = print,
+        run_id: str | None = None,
+        phase: Phase | None = None,
+        start_from: tuple[int, int] = (0, 0),
+    ):
         self.config, self.lake, self.writer, self.say = config, lake, writer, say
         self.phase = phase or no_phase
         self.run_id = run_id or new_run_id(config)
@@ -147,8 +156,10 @@ class CoEvolution:
         with self.timed("validation_after"):
             whole = len(self.validated.successes) == len(self.validation)
             self.final_validation = self.validated if whole else self.validate()
-        self.say(f"validation accuracy after training: {self.final_validation.accuracy:.3f} "
-                 f"(before: {self.initial_accuracy:.3f}, {len(self.validation)} items)")
+        self.say(
+            f"validation accuracy after training: {self.final_validation.accuracy:.3f} "
+            f"(before: {self.initial_accuracy:.3f}, {len(self.validation)} items)"
+        )
         if self.config.final_bfcl_items:
             with self.timed("final_benchmark"):
                 self.final_benchmark = self.benchmark()
@@ -164,28 +175,66 @@ class CoEvolution:
         after (same items) with the paired 95% interval of the gain, the curve of validation against steps (each
         point with its items' interval), and the time and peak RSS of each step of the run."""
         before, after = self.initial_validation, self.final_validation
-        paired = paired_gain(list(before.successes), list(after.successes)) if before.successes and after.successes else {}
-        curve = [{"agent_optimizer_steps": 0, "items": len(before.successes), "accuracy": before.accuracy,
-                  **_bounds(before.successes)}]
+        paired = (
+            paired_gain(list(before.successes), list(after.successes)) if before.successes and after.successes else {}
+        )
+        curve = [
+            {
+                "agent_optimizer_steps": 0,
+                "items": len(before.successes),
+                "accuracy": before.accuracy,
+                **_bounds(before.successes),
+            }
+        ]
         subset = [m.validation_items for m in self.metrics if m.validation_items != len(before.successes)]
         if subset and before.successes:  # the subset's items before training, for the subset's curve to start from
-            first = before.successes[:subset[0]]
-            curve.append({"agent_optimizer_steps": 0, "items": len(first), "accuracy": round(sum(first) / len(first), 4),
-                          **_bounds(first)})
-        curve += [{"agent_optimizer_steps": m.agent_optimizer_steps, "items": m.validation_items,
-                   "accuracy": m.validation_accuracy, "epoch": m.epoch, **_bounds(m.validation_successes)}
-                  for m in self.metrics if m.validation_successes]
+            first = before.successes[: subset[0]]
+            curve.append(
+                {
+                    "agent_optimizer_steps": 0,
+                    "items": len(first),
+                    "accuracy": round(sum(first) / len(first), 4),
+                    **_bounds(first),
+                }
+            )
+        curve += [
+            {
+                "agent_optimizer_steps": m.agent_optimizer_steps,
+                "items": m.validation_items,
+                "accuracy": m.validation_accuracy,
+                "epoch": m.epoch,
+                **_bounds(m.validation_successes),
+            }
+            for m in self.metrics
+            if m.validation_successes
+        ]
         if after.successes and after is not self.validated:  # measured after the last epoch's own validation
-            curve.append({"agent_optimizer_steps": self.agent_steps, "items": len(after.successes),
-                          "accuracy": after.accuracy, **_bounds(after.successes)})
+            curve.append(
+                {
+                    "agent_optimizer_steps": self.agent_steps,
+                    "items": len(after.successes),
+                    "accuracy": after.accuracy,
+                    **_bounds(after.successes),
+                }
+            )
         return {
             "agent_optimizer_steps": self.agent_steps,
-            "validation_before": before.accuracy, "validation_after": after.accuracy,
-            "validation_gain": paired.get("mean"), "validation_gain_interval": [paired.get("low"), paired.get("high")],
-            "validation_items": len(after.successes), "learning_curve": curve,
-            "phases": {**self.phases, **{f"epoch_{m.epoch}": {"seconds": round(sum(m.seconds.values()), 2),
-                                                              "peak_rss_gb": max(m.peak_rss_gb.values(), default=0.0)}
-                                         for m in self.metrics}},
+            "validation_before": before.accuracy,
+            "validation_after": after.accuracy,
+            "validation_gain": paired.get("mean"),
+            "validation_gain_interval": [paired.get("low"), paired.get("high")],
+            "validation_items": len(after.successes),
+            "learning_curve": curve,
+            "phases": {
+                **self.phases,
+                **{
+                    f"epoch_{m.epoch}": {
+                        "seconds": round(sum(m.seconds.values()), 2),
+                        "peak_rss_gb": max(m.peak_rss_gb.values(), default=0.0),
+                    }
+                    for m in self.metrics
+                },
+            },
             "peak_rss_gb": peak_rss_gb(),
         }
 
@@ -207,16 +256,31 @@ class CoEvolution:
         self.load(run_version(self.lake, "agent", self.run_id), run_version(self.lake, "env", self.run_id))
         last = max(done, default=-1)
         if last >= 0:
-            trained = {kind: {row["epoch"] for row in registry(self.lake, kind).filter(pl.col("run_id") == self.run_id)
-                              .iter_rows(named=True) if not json.loads(row["metrics_json"]).get("warm_start")}
-                       for kind in ("agent", "env")}
+            trained = {
+                kind: {
+                    row["epoch"]
+                    for row in registry(self.lake, kind).filter(pl.col("run_id") == self.run_id).iter_rows(named=True)
+                    if not json.loads(row["metrics_json"]).get("warm_start")
+                }
+                for kind in ("agent", "env")
+            }
             updates: dict[str, str] = {}
             agent = self.train("agent", epoch=last, note=updates) if last not in trained["agent"] else None
-            env = self.train("env", epoch=last, note=updates) if cfg.mode == "genenv" and last not in trained["env"] else None
+            env = (
+                self.train("env", epoch=last, note=updates)
+                if cfg.mode == "genenv" and last not in trained["env"]
+                else None
+            )
             self.load(agent or self.rollouts.version, env or self.simulator.version)
-            self.history = [(tasks[last][r["task_id"]].parsed.difficulty, r["success"]) for r in
-                            landed_rewards(self.lake, self.run_id, last) if r["task_id"] in tasks[last]]
-        self.say(f"resuming run {self.run_id} after epoch {last}: agent v{self.rollouts.version}, env v{self.simulator.version}")
+            self.history = [
+                (tasks[last][r["task_id"]].parsed.difficulty, r["success"])
+                for r in landed_rewards(self.lake, self.run_id, last)
+                if r["task_id"] in tasks[last]
+            ]
+        self.say(
+            f"resuming run {self.run_id} after epoch {last}: "
+            f"agent v{self.rollouts.version}, env v{self.simulator.version}"
+        )
         self.landed = {epoch: list(by_id.values()) for epoch, by_id in tasks.items() if epoch > last}
         for epoch in range(last + 1, cfg.epochs):
             self.metrics.append(self.epoch(epoch))
@@ -247,10 +311,17 @@ class CoEvolution:
         with self.phase(f"BFCL after training: {len(items)} items") as tick:
             report = evaluate("bfcl", agent, f"agent:v{self.rollouts.version}", None, n, tick, bench, items)
         record(self.lake, report)
-        self.say(f"BFCL ({', '.join(FINAL_CATEGORIES)}, {len(items)} items) after training: "
-                 + ", ".join(f"{k} {v:.3f}" for k, v in report.metrics.items() if isinstance(v, float)))
-        return {"eval_id": report.eval_id, "model_version": report.model_version, "items": len(items),
-                "categories": list(FINAL_CATEGORIES), **report.metrics}
+        self.say(
+            f"BFCL ({', '.join(FINAL_CATEGORIES)}, {len(items)} items) after training: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in report.metrics.items() if isinstance(v, float))
+        )
+        return {
+            "eval_id": report.eval_id,
+            "model_version": report.model_version,
+            "items": len(items),
+            "categories": list(FINAL_CATEGORIES),
+            **report.metrics,
+        }
 
     def warm_start(self) -> None:
         """SFT of the agent on the seed tasks' reference answers and of the simulator on the seed task texts."""
@@ -263,32 +334,62 @@ class CoEvolution:
         events, tasks = [], []
         for i, (request, text, task) in enumerate(seeds):
             task_id = f"{batch_id}-t{i}"
-            seed_task = GeneratedTask(task_id, batch_id, self.simulator.prompt(request.prompt, sim_tok), text, task,
-                                      SEED_VERSION, 0)
+            seed_task = GeneratedTask(
+                task_id, batch_id, self.simulator.prompt(request.prompt, sim_tok), text, task, SEED_VERSION, 0
+            )
             tasks.append(seed_task)
             events.append(self.simulator.event(seed_task, producer="warm-start"))
             answer = self.domain.reference_answer(task)
             ids = agent_tok(answer, add_special_tokens=False)["input_ids"] + [agent_tok.eos_token_id]
             rollout_id = f"{task_id}-ref"
-            events.append(RolloutCompleted(
-                run_id=self.run_id, epoch=0, rollout_id=rollout_id, task_id=task_id, group_index=0,
-                agent_model_version=SEED_VERSION, prompt=self.rollouts.prompt(task), completion=answer,
-                completion_token_ids=ids, behaviour_logprobs=[0.0] * len(ids), producer="warm-start"))
-            events.append(RewardScored(run_id=self.run_id, epoch=0, rollout_id=rollout_id, task_id=task_id, reward=1.0,
-                                       success=True, checker_detail="reference answer (warm start)", producer="warm-start"))
+            events.append(
+                RolloutCompleted(
+                    run_id=self.run_id,
+                    epoch=0,
+                    rollout_id=rollout_id,
+                    task_id=task_id,
+                    group_index=0,
+                    agent_model_version=SEED_VERSION,
+                    prompt=self.rollouts.prompt(task),
+                    completion=answer,
+                    completion_token_ids=ids,
+                    behaviour_logprobs=[0.0] * len(ids),
+                    producer="warm-start",
+                )
+            )
+            events.append(
+                RewardScored(
+                    run_id=self.run_id,
+                    epoch=0,
+                    rollout_id=rollout_id,
+                    task_id=task_id,
+                    reward=1.0,
+                    success=True,
+                    checker_detail="reference answer (warm start)",
+                    producer="warm-start",
+                )
+            )
         events += self.scorer.groups(tasks, {t.task_id: [True] for t in tasks}, 0, producer="warm-start")
         self.writer.publish(events)
         self.writer.land()
         # Steps of 8 rows, in micro-batches of 2: a seed's long simulator prompt makes a micro-batch's activations
         # the largest thing in the process (about 4 GB at 8 rows for a 135M model).
-        sft = RWRConfig(learning_rate=cfg.warm_start_learning_rate, per_device_train_batch_size=2,
-                        gradient_accumulation_steps=4, kl_coef=0.0, num_train_epochs=cfg.warm_start_epochs, seed=cfg.seed)
+        sft = RWRConfig(
+            learning_rate=cfg.warm_start_learning_rate,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=4,
+            kl_coef=0.0,
+            num_train_epochs=cfg.warm_start_epochs,
+            seed=cfg.seed,
+        )
         agent = self.train("agent", epoch=0, options=sft, warm_start=True)
         env = self.train("env", epoch=0, options=sft, warm_start=True) if self.simulator.needs_model else None
         self.load(agent or self.rollouts.version, env or self.simulator.version)
         self.warm_started = (self.rollouts.version, self.simulator.version)
-        self.say(f"warm start: {len(seeds)} seed tasks, agent v{self.rollouts.version}, env v{self.simulator.version} "
-                 f"({time.perf_counter() - start:.0f}s)")
+        self.say(
+            f"warm start: {len(seeds)} seed tasks, agent v{self.rollouts.version}, env v{self.simulator.version} "
+            f"({time.perf_counter() - start:.0f}s)"
+        )
 
     def load(self, agent_version: int, env_version: int) -> None:
         """Each role's model at the given version (one already loaded at that version is kept)."""
@@ -326,8 +427,9 @@ class CoEvolution:
             short = cfg.tasks_per_epoch - informative_groups(rewards)
             if short <= 0 or epoch in self.landed:
                 break
-            more, more_valid = self.simulator.refill(epoch, short, round_, len(published), len(valid), self.history,
-                                                     progress_for=self.phase)
+            more, more_valid = self.simulator.refill(
+                epoch, short, round_, len(published), len(valid), self.history, progress_for=self.phase
+            )
             lap("tasks")
             published, valid = published + more, valid + more_valid
             extra = self.attempt(more_valid, epoch, f" (refill {round_})")
@@ -361,31 +463,56 @@ class CoEvolution:
         features = [t.parsed.difficulty for t in valid]
         difficulty = {k: round(statistics.fmean(f[k] for f in features), 3) for k in (features[0] if features else {})}
         metrics = EpochMetrics(
-            epoch=epoch, agent_version=self.rollouts.version, env_version=self.simulator.version, tasks=len(published),
-            valid_share=round(sum(isinstance(t.parsed, Task) for t in published) / len(published), 3) if published else float("nan"),
+            epoch=epoch,
+            agent_version=self.rollouts.version,
+            env_version=self.simulator.version,
+            tasks=len(published),
+            valid_share=round(sum(isinstance(t.parsed, Task) for t in published) / len(published), 3)
+            if published
+            else float("nan"),
             agent_success=round(statistics.fmean(r.success for r in rewards), 3) if rewards else 0.0,
             batch_p_hats=[round(s.p_hat, 3) for s in scores],
             in_band_share=round(statistics.fmean(not s.filtered for s in scores), 3) if scores else 0.0,
             difficulty=difficulty,
-            response_tokens=round(statistics.fmean(len(r.completion_token_ids) for r in rollouts), 2) if rollouts else 0.0,
-            validation_accuracy=round(validation.accuracy, 3), validation_by_level=validation.by_level,
-            validation_items=len(validation.successes), agent_optimizer_steps=self.agent_steps, seconds=seconds,
-            peak_rss_gb=rss, updates=updates, validation_successes=validation.successes, refilled_tasks=refills,
+            response_tokens=round(statistics.fmean(len(r.completion_token_ids) for r in rollouts), 2)
+            if rollouts
+            else 0.0,
+            validation_accuracy=round(validation.accuracy, 3),
+            validation_by_level=validation.by_level,
+            validation_items=len(validation.successes),
+            agent_optimizer_steps=self.agent_steps,
+            seconds=seconds,
+            peak_rss_gb=rss,
+            updates=updates,
+            validation_successes=validation.successes,
+            refilled_tasks=refills,
         )
-        self.say(f"epoch {epoch}: valid {metrics.valid_share:.0%}, agent success {metrics.agent_success:.2f}, "
-                 f"in band {metrics.in_band_share:.0%}, validation {metrics.validation_accuracy:.3f}, "
-                 f"agent v{self.rollouts.version}, env v{self.simulator.version}")
+        self.say(
+            f"epoch {epoch}: valid {metrics.valid_share:.0%}, agent success {metrics.agent_success:.2f}, "
+            f"in band {metrics.in_band_share:.0%}, validation {metrics.validation_accuracy:.3f}, "
+            f"agent v{self.rollouts.version}, env v{self.simulator.version}"
+        )
         return metrics
 
-    def attempt(self, tasks: list[GeneratedTask], epoch: int, what: str) -> tuple[list[RolloutCompleted], list[RewardScored]]:
+    def attempt(
+        self, tasks: list[GeneratedTask], epoch: int, what: str
+    ) -> tuple[list[RolloutCompleted], list[RewardScored]]:
         """The agent's group_size rollouts of each task, and their rewards."""
         with self.phase(f"epoch {epoch}: rollouts{what}") as tick:
             rollouts = self.rollouts.roll_out(tasks, epoch, progress=tick)
         by_id = {t.task_id: t for t in tasks}
         return rollouts, [self.scorer.reward(by_id[r.task_id], r) for r in rollouts]
 
-    def train(self, kind: str, *, epoch: int, options=None, warm_start: bool = False, note: dict | None = None,
-              lap=lambda phase: None) -> int | None:
+    def train(
+        self,
+        kind: str,
+        *,
+        epoch: int,
+        options=None,
+        warm_start: bool = False,
+        note: dict | None = None,
+        lap=lambda phase: None,
+    ) -> int | None:
         """Train, publish the checkpoint, return its version; None (and why, in `note`) when there was nothing to
         train on. lap(phase): the epoch's clock, told when the update and the new agent's validation end."""
         role = self.rollouts if kind == "agent" else self.simulator
@@ -396,7 +523,9 @@ class CoEvolution:
         what = f"{'warm start' if warm_start else f'epoch {epoch}'}: training {kind}"
         try:
             with self.phase(what) as tick:
-                record = self.updaters[kind].update(self.lake, parent, options=options, warm_start=warm_start, progress=tick)
+                record = self.updaters[kind].update(
+                    self.lake, parent, options=options, warm_start=warm_start, progress=tick
+                )
         except TrainError as exc:
             if note is not None:
                 note[kind] = f"skipped: {exc}"

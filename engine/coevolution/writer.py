@@ -49,14 +49,16 @@ class LakeWriter:
         self.producer.close()
         self.ingestor.close()
 
-    def __enter__(self) -> "LakeWriter":
+    def __enter__(self) -> LakeWriter:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def publish_checkpoint(lake: Lake, bootstrap: str, record: CheckpointRecord, run_id: str, epoch: int) -> CheckpointPublished:
+def publish_checkpoint(
+    lake: Lake, bootstrap: str, record: CheckpointRecord, run_id: str, epoch: int
+) -> CheckpointPublished:
     """Publish one checkpoint's event and see it registered before returning: ingested here, or, when an ingestor
     is running on the lake (it holds the lease), by that ingestor."""
     try:
@@ -70,7 +72,9 @@ def publish_checkpoint(lake: Lake, bootstrap: str, record: CheckpointRecord, run
     deadline = time.monotonic() + REGISTER_WAIT_S
     while latest_version(lake, record.model_kind) < record.version:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{record.model_kind} v{record.version} was published but the lake's ingestor did not "
-                               f"register it within {REGISTER_WAIT_S:.0f}s")
+            raise TimeoutError(
+                f"{record.model_kind} v{record.version} was published but the lake's ingestor did not "
+                f"register it within {REGISTER_WAIT_S:.0f}s"
+            )
         time.sleep(0.5)
     return event

@@ -19,5 +19,15 @@ def get_domain(name: str, seeds_path: str = "") -> Domain:
     return DOMAINS[name]()
 
 
-__all__ = ["DOMAINS", "Domain", "Invalid", "SimulatorRequest", "Task", "Verdict", "get_domain", "performance_summary",
-           "task_from_row", "task_to_json"]
+__all__ = [
+    "DOMAINS",
+    "Domain",
+    "Invalid",
+    "SimulatorRequest",
+    "Task",
+    "Verdict",
+    "get_domain",
+    "performance_summary",
+    "task_from_row",
+    "task_to_json",
+]

@@ -44,7 +44,8 @@ class Arith:
     def simulator_request(self, rng: random.Random, performance: str) -> SimulatorRequest:
         return SimulatorRequest(
             "Write one arithmetic question about two whole numbers (a sum, a difference or a product). "
-            f"The student's recent results: {performance}. Write only the question.")
+            f"The student's recent results: {performance}. Write only the question."
+        )
 
     def parse(self, generation: str, context: dict) -> Task | Invalid:
         text = generation.strip().split("\n")[0].strip()
@@ -56,8 +57,11 @@ class Arith:
         if any(len(n) > 6 for n in numbers):
             return Invalid("numbers: more than 6 digits")
         lowered = text.lower()
-        families = [op for op, words in OPERATIONS.items()
-                    if any((w in lowered) if not w.isalpha() else re.search(rf"\b{w}\b", lowered) for w in words)]
+        families = [
+            op
+            for op, words in OPERATIONS.items()
+            if any((w in lowered) if not w.isalpha() else re.search(rf"\b{w}\b", lowered) for w in words)
+        ]
         if len(families) != 1:
             return Invalid(f"operation: expected one of sum/difference/product, found {len(families) or 'none'}")
         op = families[0]
@@ -77,7 +81,13 @@ class Arith:
             digits = rng.choice((1, 1, 2, 2, 3)) if op != "*" else rng.choice((1, 1, 2))
             a, b = number(rng, digits), number(rng, rng.randint(1, digits))
             text = rng.choice(TEMPLATES[op]).format(a=a, b=b)
-            out.append((self.simulator_request(rng, example_summary(rng, self.difficulty_feature, [1, 2, 3])), text, self.parse(text, {})))
+            out.append(
+                (
+                    self.simulator_request(rng, example_summary(rng, self.difficulty_feature, [1, 2, 3])),
+                    text,
+                    self.parse(text, {}),
+                )
+            )
         return out
 
     def reference_answer(self, task: Task) -> str:

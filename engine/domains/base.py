@@ -76,7 +76,10 @@ def performance_summary(rows: list[tuple[dict, bool]], feature: str) -> str:
         by_level.setdefault(difficulty.get(feature), []).append(success)
     if not by_level:
         return "no results yet"
-    parts = [f"{feature} {level}: {sum(s) / len(s):.0%} of {len(s)}" for level, s in sorted(by_level.items(), key=lambda kv: str(kv[0]))]
+    parts = [
+        f"{feature} {level}: {sum(s) / len(s):.0%} of {len(s)}"
+        for level, s in sorted(by_level.items(), key=lambda kv: str(kv[0]))
+    ]
     return ", ".join(parts)
 
 
@@ -95,5 +98,9 @@ def task_to_json(task: Task) -> tuple[str, str, str]:
 
 
 def task_from_row(row: dict) -> Task:
-    return Task(row["task_prompt"], json.loads(row["reference_json"]), json.loads(row["difficulty_json"] or "{}"),
-                json.loads(row["tools_json"] or "[]"))
+    return Task(
+        row["task_prompt"],
+        json.loads(row["reference_json"]),
+        json.loads(row["difficulty_json"] or "{}"),
+        json.loads(row["tools_json"] or "[]"),
+    )

@@ -62,8 +62,10 @@ def bfcl_checker():
         checker = importlib.import_module("bfcl_eval.eval_checker.ast_eval.ast_checker")
         enums = importlib.import_module("bfcl_eval.constants.enums")
     except ModuleNotFoundError as exc:
-        raise CheckerMissing(f"tool calls are scored by bfcl-eval's checker, and the package is not installed "
-                             f"({exc.name}); `pip install --no-deps bfcl-eval` (make install does)") from None
+        raise CheckerMissing(
+            f"tool calls are scored by bfcl-eval's checker, and the package is not installed "
+            f"({exc.name}); `pip install --no-deps bfcl-eval` (make install does)"
+        ) from None
     finally:
         if inserted:
             sys.modules.pop(name, None)  # later imports of the real module are not answered by the stand-in
@@ -72,9 +74,9 @@ def bfcl_checker():
 
 READINGS = {
     "bfcl": "bfcl-eval's default prompting decoder: backticks, newlines and spaces stripped from both ends, "
-            "[ ] added where missing, one Python list of calls; positional arguments dropped",
+    "[ ] added where missing, one Python list of calls; positional arguments dropped",
     "lenient": "lenient reading, not bfcl-eval's: also a ```python or ```json fence and one call per line; "
-               "positional arguments refused",
+    "positional arguments refused",
 }
 
 
@@ -178,8 +180,13 @@ class Match:
     detail: str
 
 
-def match_calls(tools: list[dict], answer: str | list[tuple[str, dict]], possible: list[dict],
-                category: str | None = None, reading: str = "lenient") -> Match:
+def match_calls(
+    tools: list[dict],
+    answer: str | list[tuple[str, dict]],
+    possible: list[dict],
+    category: str | None = None,
+    reading: str = "lenient",
+) -> Match:
     """Whether `answer` (text, or calls read_calls already read) makes the calls `possible` describes, with the
     functions `tools` offered, by bfcl-eval's checker. category: a BFCL test category, which picks the checker
     (simple, multiple, parallel); by default "parallel" for several expected calls and "multiple" for one (it

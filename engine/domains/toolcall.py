@@ -17,7 +17,7 @@ Difficulty (LEVELS): parallel calls (1 to 3), optional arguments, distractor too
 then the 49 API descriptions of data/api-bank/level-1-api.json), and, at levels 3, 6 and 7, values the request
 states in another form than the call takes ('euros' for EUR, 'seven' for 7, '8 pm' for 20:00). The ladder is
 set so that the warm-started smollm2 agent solves the lowest levels almost always and the highest almost
-never (README, "Which domain learns on CPU").
+never (docs/RESULTS.md, "Which domain learns on CPU").
 """
 
 from __future__ import annotations
@@ -32,30 +32,75 @@ from .calls import match_calls, possible_answers, read_calls
 
 DATA = Path(__file__).resolve().parents[2] / "data"  # the repository's benchmark data (data/README.md)
 
-CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver", "Hanoi", "Quito", "Perth", "Dakar", "Bergen", "Leeds",
-          "Austin", "Porto", "Seville", "Kyoto", "Nairobi", "Tunis", "Malmo", "Geneva", "Krakow", "Valencia"]
+CITIES = [
+    "Paris",
+    "Tokyo",
+    "Lima",
+    "Oslo",
+    "Cairo",
+    "Denver",
+    "Hanoi",
+    "Quito",
+    "Perth",
+    "Dakar",
+    "Bergen",
+    "Leeds",
+    "Austin",
+    "Porto",
+    "Seville",
+    "Kyoto",
+    "Nairobi",
+    "Tunis",
+    "Malmo",
+    "Geneva",
+    "Krakow",
+    "Valencia",
+]
 HELD_OUT_CITIES = ["Ottawa", "Lisbon", "Havana", "Zagreb", "Muscat", "Tallinn", "Santiago", "Accra"]
 NAMES = ["alice", "bob", "carol", "dmitri", "erin", "farah", "gus", "hana"]
 CURRENCIES = ["USD", "EUR", "JPY", "GBP", "CHF", "INR"]
 
 
 def _tool(name: str, description: str, properties: dict, required: list[str]) -> dict:
-    return {"name": name, "description": description,
-            "parameters": {"type": "dict", "properties": properties, "required": required}}
+    return {
+        "name": name,
+        "description": description,
+        "parameters": {"type": "dict", "properties": properties, "required": required},
+    }
 
 
 TOOLS = {
-    "get_weather": _tool("get_weather", "Current weather for a city.", {
-        "city": {"type": "string", "description": "City name"},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"}}, ["city"]),
-    "convert_currency": _tool("convert_currency", "Convert an amount between currencies.", {
-        "amount": {"type": "float"}, "from_currency": {"type": "string"}, "to_currency": {"type": "string"}},
-        ["amount", "from_currency", "to_currency"]),
-    "book_table": _tool("book_table", "Book a restaurant table.", {
-        "city": {"type": "string"}, "people": {"type": "integer"},
-        "time": {"type": "string", "description": "HH:MM", "default": "19:00"}}, ["city", "people"]),
-    "send_message": _tool("send_message", "Send a short message to a contact.", {
-        "to": {"type": "string"}, "text": {"type": "string"}}, ["to", "text"]),
+    "get_weather": _tool(
+        "get_weather",
+        "Current weather for a city.",
+        {
+            "city": {"type": "string", "description": "City name"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+        },
+        ["city"],
+    ),
+    "convert_currency": _tool(
+        "convert_currency",
+        "Convert an amount between currencies.",
+        {"amount": {"type": "float"}, "from_currency": {"type": "string"}, "to_currency": {"type": "string"}},
+        ["amount", "from_currency", "to_currency"],
+    ),
+    "book_table": _tool(
+        "book_table",
+        "Book a restaurant table.",
+        {
+            "city": {"type": "string"},
+            "people": {"type": "integer"},
+            "time": {"type": "string", "description": "HH:MM", "default": "19:00"},
+        },
+        ["city", "people"],
+    ),
+    "send_message": _tool(
+        "send_message",
+        "Send a short message to a contact.",
+        {"to": {"type": "string"}, "text": {"type": "string"}},
+        ["to", "text"],
+    ),
     "get_time": _tool("get_time", "Local time in a city.", {"city": {"type": "string"}}, ["city"]),
 }
 REQUEST_TEMPLATES = {
@@ -68,18 +113,44 @@ REQUEST_TEMPLATES = {
 TEXTS = ["running late", "see you soon", "call me back", "meeting moved"]
 
 # The ladder: (parallel calls, optional arguments, distractor tools, values in another form) per level, ordered
-# by the warm-started smollm2 agent's measured success (README, "Which domain learns on CPU"): a second call is
+# by the warm-started smollm2 agent's measured success (docs/RESULTS.md, "Which domain learns on CPU"): a second call is
 # the steepest step, words for values a smaller one.
-LEVELS = [(1, False, 0, False), (1, True, 1, False), (1, True, 3, False), (1, True, 4, True),
-          (2, False, 2, False), (2, True, 4, False), (2, True, 4, True), (3, True, 6, True)]
+LEVELS = [
+    (1, False, 0, False),
+    (1, True, 1, False),
+    (1, True, 3, False),
+    (1, True, 4, True),
+    (2, False, 2, False),
+    (2, True, 4, False),
+    (2, True, 4, True),
+    (3, True, 6, True),
+]
 BANDS = [(0, 1), (2, 3), (4, 5), (6, 7)]  # one candidate from each: the offered levels span the whole range
 CHOICES = len(BANDS)  # candidate tasks the simulator picks from
 
 # How a request may say a value the call takes in another form (the agent must map it back).
-SPOKEN = {"USD": "US dollars", "EUR": "euros", "JPY": "yen", "GBP": "pounds", "CHF": "Swiss francs", "INR": "rupees",
-          2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 20: "twenty",
-          75: "seventy-five", 120: "a hundred and twenty", 300: "three hundred",
-          "18:30": "half past six in the evening", "20:00": "8 pm", "21:15": "quarter past nine at night"}
+SPOKEN = {
+    "USD": "US dollars",
+    "EUR": "euros",
+    "JPY": "yen",
+    "GBP": "pounds",
+    "CHF": "Swiss francs",
+    "INR": "rupees",
+    2: "two",
+    3: "three",
+    4: "four",
+    5: "five",
+    6: "six",
+    7: "seven",
+    8: "eight",
+    20: "twenty",
+    75: "seventy-five",
+    120: "a hundred and twenty",
+    300: "three hundred",
+    "18:30": "half past six in the evening",
+    "20:00": "8 pm",
+    "21:15": "quarter past nine at night",
+}
 
 
 def spoken(value) -> str:
@@ -133,11 +204,20 @@ def menu_entry(spec: dict) -> str:
     calls = "; ".join(format_call(x) for x in spec["calls"])
     if not spec.get("spoken"):
         return calls
-    said = sorted({f"{v} as '{spoken(v)}'" for c in spec["calls"] for v in c["arguments"].values() if spoken(v) != str(v)})
+    said = sorted(
+        {f"{v} as '{spoken(v)}'" for c in spec["calls"] for v in c["arguments"].values() if spoken(v) != str(v)}
+    )
     return f"{calls} [say {', '.join(said)}]" if said else calls
 
 
-API_BANK_TYPES = {"str": "string", "int": "integer", "float": "float", "bool": "boolean", "list": "array", "list(str)": "array"}
+API_BANK_TYPES = {
+    "str": "string",
+    "int": "integer",
+    "float": "float",
+    "bool": "boolean",
+    "list": "array",
+    "list(str)": "array",
+}
 
 
 def seed_file_path(path: Path) -> Path:
@@ -158,8 +238,15 @@ def api_bank_tools(instruction: str) -> list[dict]:
     """The APIs an API-Bank item's instruction describes (a JSON object per line after "API descriptions:"), as
     BFCL schemas with every parameter required (API-Bank has no optional ones)."""
     described = [json.loads(line) for line in instruction.split("API descriptions:")[1].strip().splitlines()]
-    return [_tool(d["name"], d.get("description", ""), {k: api_bank_type(v["type"]) for k, v in d["input_parameters"].items()},
-                  list(d["input_parameters"])) for d in described]
+    return [
+        _tool(
+            d["name"],
+            d.get("description", ""),
+            {k: api_bank_type(v["type"]) for k, v in d["input_parameters"].items()},
+            list(d["input_parameters"]),
+        )
+        for d in described
+    ]
 
 
 def api_bank_seeds(path: Path) -> list[tuple[str, Task]]:
@@ -177,7 +264,7 @@ def api_bank_seeds(path: Path) -> list[tuple[str, Task]]:
         try:
             tools = api_bank_tools(item["instruction"])
             calls = read_calls(item["expected_output"].removeprefix("API-Request:").strip())
-            users = [line[len("User:"):].strip() for line in item["input"].splitlines() if line.startswith("User:")]
+            users = [line[len("User:") :].strip() for line in item["input"].splitlines() if line.startswith("User:")]
         except (KeyError, IndexError, ValueError, AttributeError):
             continue
         if isinstance(calls, str) or not users:
@@ -185,8 +272,14 @@ def api_bank_seeds(path: Path) -> list[tuple[str, Task]]:
         reference = [{"name": name, "arguments": args} for name, args in calls]
         if not match_calls(tools, calls, possible_answers(reference, tools)).valid:
             continue  # the gold call contradicts its own API description (e.g. '2' for an int): not a fair task
-        difficulty = {"level": 1, "tools_offered": len(tools), "arguments": sum(len(c["arguments"]) for c in reference),
-                      "optional_arguments": 0, "distractors": len(tools) - len(reference), "parallel_calls": len(reference)}
+        difficulty = {
+            "level": 1,
+            "tools_offered": len(tools),
+            "arguments": sum(len(c["arguments"]) for c in reference),
+            "optional_arguments": 0,
+            "distractors": len(tools) - len(reference),
+            "parallel_calls": len(reference),
+        }
         seeds.append((users[-1], Task(prompt=users[-1], reference=reference, difficulty=difficulty, tools=tools)))
     if not seeds:
         raise ValueError(f"toolcall seeds: no usable API-Bank items in {path}")
@@ -212,25 +305,43 @@ def template_text(rng: random.Random, spec: dict) -> str:
         values = {k: say(v) for k, v in {"unit": "celsius", "time": "19:00", **call["arguments"]}.items()}
         texts.append(rng.choice(REQUEST_TEMPLATES[call["name"]]).format(**values))
     text = " ".join(t if t[-1] in ".?!" else t + "." for t in texts)
-    missing = [f"{k} {say(v)}" for c in spec["calls"] for k, v in c["arguments"].items() if not carries(text.lower(), v)]
+    missing = [
+        f"{k} {say(v)}" for c in spec["calls"] for k, v in c["arguments"].items() if not carries(text.lower(), v)
+    ]
     return f"{text.rstrip('.?')} ({', '.join(missing)})." if missing else text
 
 
-FREE_TEXT = 24  # characters of the simulator's own words between two values (the grammar's bound)
+FREE_TEXT = 20  # characters of the simulator's own words between two values (the grammar's bound)
+WORDS = "[A-Za-z,.:'?! ]"  # what its words are made of: no digits (a stray number reads as a value), no parentheses
 
 
 def request_grammar(candidates: list[dict]) -> str:
     """The form every valid request has: one candidate's values in order (each as the call has it or in its spoken
-    form), between runs of at most FREE_TEXT characters of free text: printable ASCII on one line, with no
-    parentheses (a request that spells out a call is refused). Which candidate's values it writes is still the simulator's choice, and the
-    bounded runs leave room for every value within env_max_new_tokens. An EBNF grammar for xgrammar."""
+    form), with the simulator's own words around them: runs of at most FREE_TEXT letters, spaces and punctuation
+    (WORDS), a value set apart from the words beside it by a space. Words, not any printable text: under a looser
+    grammar the 135M simulator filled the runs with junk ("peopleUS dollars", stray digits) that the agent could not
+    read, so the two-call tasks it wrote were never solved (docs/RESULTS.md). Which candidate's values it writes is
+    still the simulator's choice, and the bounded runs leave room for every value within env_max_new_tokens. An
+    EBNF grammar for xgrammar."""
+
     def value(v) -> str:
         return "(" + " | ".join(json.dumps(form) for form in sorted({str(v), spoken(v)})) + ")"
 
-    rules = [f"candidate{i} ::= free " + " free ".join(value(v) for c in spec["calls"] for v in c["arguments"].values())
-             + " free" for i, spec in enumerate(candidates)]
-    return "\n".join([f"root ::= {' | '.join(f'candidate{i}' for i in range(len(candidates)))}", *rules,
-                      f"free ::= [ -'*-~]{{0,{FREE_TEXT}}}"])
+    rules = [
+        f"candidate{i} ::= opening "
+        + " gap ".join(value(v) for c in spec["calls"] for v in c["arguments"].values())
+        + " closing"
+        for i, spec in enumerate(candidates)
+    ]
+    return "\n".join(
+        [
+            f"root ::= {' | '.join(f'candidate{i}' for i in range(len(candidates)))}",
+            *rules,
+            f'opening ::= ([A-Za-z] {WORDS}{{0,{FREE_TEXT - 2}}} " ")?',
+            f'gap ::= " " | " " [A-Za-z,.:\'?!] {WORDS}{{0,{FREE_TEXT - 2}}} " "',
+            f'closing ::= [.?!]? | " " {WORDS}{{0,{FREE_TEXT - 2}}} [.?!]',
+        ]
+    )
 
 
 class ToolCall:
@@ -259,7 +370,9 @@ class ToolCall:
         others = [n for n in sorted(TOOLS) if n not in names]
         rng.shuffle(others)
         extra = [t["name"] for t in rng.sample(catalogue(), max(0, min(distractors - len(others), len(catalogue()))))]
-        offered = rng.sample(names + others[:distractors] + extra, len(names) + min(distractors, len(others)) + len(extra))
+        offered = rng.sample(
+            names + others[:distractors] + extra, len(names) + min(distractors, len(others)) + len(extra)
+        )
         return {"level": level, "calls": calls, "offered": offered, "spoken": said}
 
     def simulator_request(self, rng: random.Random, performance: str, choices: int = CHOICES) -> SimulatorRequest:
@@ -268,11 +381,15 @@ class ToolCall:
         cities = rng.sample(CITIES, len(CITIES))  # distinct cities across the candidates, so the text tells them apart
         bands = BANDS if choices == len(BANDS) else [(i, i) for i in sorted(rng.sample(range(len(LEVELS)), choices))]
         levels = [rng.randint(low, high) for low, high in bands]
-        candidates = [self._spec(rng, cities[i * 5:(i + 1) * 5], level) for i, level in enumerate(levels)]
+        candidates = [self._spec(rng, cities[i * 5 : (i + 1) * 5], level) for i, level in enumerate(levels)]
         menu = " ".join(f"({chr(97 + i)}) level {c['level']}: {menu_entry(c)}" for i, c in enumerate(candidates))
-        prompt = (f"Pick a task and write the user's message for it, with every value, no code. {menu}. "
-                  f"Assistant's results: {performance}.")
-        return SimulatorRequest(prompt, {"candidates": candidates}, offered=list(levels), grammar=request_grammar(candidates))
+        prompt = (
+            f"Pick a task and write the user's message for it, with every value, no code. {menu}. "
+            f"Assistant's results: {performance}."
+        )
+        return SimulatorRequest(
+            prompt, {"candidates": candidates}, offered=list(levels), grammar=request_grammar(candidates)
+        )
 
     def parse(self, generation: str, context: dict) -> Task | Invalid:
         """The candidate whose every value the request carries (the most specific one if several do)."""
@@ -299,10 +416,14 @@ class ToolCall:
     def _task(self, text: str, spec: dict) -> Task:
         calls = spec["calls"]
         difficulty = {
-            "level": spec["level"], "tools_offered": len(spec["offered"]),
+            "level": spec["level"],
+            "tools_offered": len(spec["offered"]),
             "arguments": sum(len(c["arguments"]) for c in calls),
-            "optional_arguments": sum(p not in TOOLS[c["name"]]["parameters"]["required"] for c in calls for p in c["arguments"]),
-            "distractors": len(spec["offered"]) - len(calls), "parallel_calls": len(calls),
+            "optional_arguments": sum(
+                p not in TOOLS[c["name"]]["parameters"]["required"] for c in calls for p in c["arguments"]
+            ),
+            "distractors": len(spec["offered"]) - len(calls),
+            "parallel_calls": len(calls),
         }
         tools = {**{t["name"]: t for t in catalogue()}, **TOOLS}
         return Task(prompt=text, reference=calls, difficulty=difficulty, tools=[tools[n] for n in spec["offered"]])
@@ -314,13 +435,17 @@ class ToolCall:
                 spec = {"level": 1, "calls": task.reference, "offered": [t["name"] for t in task.tools]}
                 menu = "(a) level 1: " + "; ".join(format_call(c) for c in task.reference)
                 summary = example_summary(rng, self.difficulty_feature, list(range(len(LEVELS))))
-                prompt = (f"Pick a task and write the user's message for it, with every value, no code. {menu}. "
-                          f"Assistant's results: {summary}.")
+                prompt = (
+                    f"Pick a task and write the user's message for it, with every value, no code. {menu}. "
+                    f"Assistant's results: {summary}."
+                )
                 out.append((SimulatorRequest(prompt, {"candidates": [spec]}), text, task))
             return out
         out = []
-        for i in range(n):
-            request = self.simulator_request(rng, example_summary(rng, self.difficulty_feature, list(range(len(LEVELS)))))
+        for _ in range(n):
+            request = self.simulator_request(
+                rng, example_summary(rng, self.difficulty_feature, list(range(len(LEVELS))))
+            )
             text = template_text(rng, rng.choice(request.context["candidates"]))  # the seeds pick at random
             out.append((request, text, self.parse(text, request.context)))
         return out

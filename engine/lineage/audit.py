@@ -45,9 +45,17 @@ def latest_run(lake: Lake) -> str:
 
 def runs(lake: Lake) -> list[dict]:
     """Every run in the lake with its size, newest first."""
-    tasks = scan(lake, silver("task")).group_by("run_id").agg(
-        pl.col("domain").first(), pl.len().alias("tasks"), pl.col("valid").sum().alias("valid"),
-        (pl.col("epoch").max() + 1).alias("epochs"), pl.col("kafka_timestamp").max().alias("last_event_ms"))
+    tasks = (
+        scan(lake, silver("task"))
+        .group_by("run_id")
+        .agg(
+            pl.col("domain").first(),
+            pl.len().alias("tasks"),
+            pl.col("valid").sum().alias("valid"),
+            (pl.col("epoch").max() + 1).alias("epochs"),
+            pl.col("kafka_timestamp").max().alias("last_event_ms"),
+        )
+    )
     checkpoints = scan(lake, CHECKPOINTS).group_by("run_id").agg(pl.len().alias("checkpoints"))
     frame = tasks.join(checkpoints, on="run_id", how="left").with_columns(pl.col("checkpoints").fill_null(0))
     return frame.sort("last_event_ms", descending=True).collect().to_dicts()
@@ -69,8 +77,13 @@ def _first_version(history: list[CommitRecord], table: str, sources: list[tuple[
 
 def audit_task(lake: Lake, task_id: str) -> dict:
     task = scan(lake, silver("task")).filter(pl.col("task_id") == task_id).collect()
-    quarantined = scan(lake, QUARANTINE).filter(pl.col("task_id") == task_id).select(
-        "topic", "kind", "event_id", "reason", "failed_checks").collect().to_dicts()
+    quarantined = (
+        scan(lake, QUARANTINE)
+        .filter(pl.col("task_id") == task_id)
+        .select("topic", "kind", "event_id", "reason", "failed_checks")
+        .collect()
+        .to_dicts()
+    )
     if task.is_empty():
         if quarantined:
             return {"task_id": task_id, "task": None, "quarantined": quarantined}
@@ -80,11 +93,25 @@ def audit_task(lake: Lake, task_id: str) -> dict:
 
     rollouts = scan(lake, silver("rollout")).filter(pl.col("task_id") == task_id).collect()
     rewards = scan(lake, silver("reward")).filter(pl.col("task_id") == task_id).collect()
-    joined = rollouts.join(rewards.select("rollout_id", "reward", "success", "checker_detail",
-                                          pl.col("kafka_cluster").alias("r_cluster"), pl.col("kafka_partition").alias("r_partition"),
-                                          pl.col("kafka_offset").alias("r_offset")), on="rollout_id", how="left")
-    batch = (scan(lake, silver("batch")).filter((pl.col("run_id") == run_id) & (pl.col("epoch") == epoch))
-             .filter(pl.col("task_ids").list.contains(task_id)).collect())
+    joined = rollouts.join(
+        rewards.select(
+            "rollout_id",
+            "reward",
+            "success",
+            "checker_detail",
+            pl.col("kafka_cluster").alias("r_cluster"),
+            pl.col("kafka_partition").alias("r_partition"),
+            pl.col("kafka_offset").alias("r_offset"),
+        ),
+        on="rollout_id",
+        how="left",
+    )
+    batch = (
+        scan(lake, silver("batch"))
+        .filter((pl.col("run_id") == run_id) & (pl.col("epoch") == epoch))
+        .filter(pl.col("task_ids").list.contains(task_id))
+        .collect()
+    )
 
     history = CommitRecord.history(lake)
     task_source = ("genenv.tasks", t)
@@ -96,26 +123,69 @@ def audit_task(lake: Lake, task_id: str) -> dict:
             pools.append({"pool": D_ENV, "first_version": version, "rows": 1})
     train_versions = []
     for r in joined.filter(pl.col("reward").is_not_null()).iter_rows(named=True):
-        reward_source = {"kafka_cluster": r["r_cluster"], "kafka_partition": r["r_partition"], "kafka_offset": r["r_offset"]}
-        train_versions.append(_first_version(history, D_TRAIN, [("genenv.rollouts", r), ("genenv.rewards", reward_source)]))
+        reward_source = {
+            "kafka_cluster": r["r_cluster"],
+            "kafka_partition": r["r_partition"],
+            "kafka_offset": r["r_offset"],
+        }
+        train_versions.append(
+            _first_version(history, D_TRAIN, [("genenv.rollouts", r), ("genenv.rewards", reward_source)])
+        )
     train_versions = [v for v in train_versions if v is not None]
     if train_versions:
-        pools.append({"pool": D_TRAIN, "first_version": min(train_versions), "last_version": max(train_versions),
-                      "rows": len(train_versions)})
+        pools.append(
+            {
+                "pool": D_TRAIN,
+                "first_version": min(train_versions),
+                "last_version": max(train_versions),
+                "rows": len(train_versions),
+            }
+        )
 
     return {
-        "task_id": task_id, "run_id": run_id, "epoch": epoch, "domain": t["domain"], "batch_id": t["batch_id"],
-        "simulator_version": t["env_model_version"], "producer": t["producer"],
-        "simulator_prompt": t["sim_prompt"], "raw_generation": t["raw_generation"],
-        "valid": t["valid"], "invalid_reason": t["invalid_reason"], "task_prompt": t["task_prompt"],
-        "reference": json_or_text(t["reference_json"]), "difficulty": json_or_text(t["difficulty_json"]),
+        "task_id": task_id,
+        "run_id": run_id,
+        "epoch": epoch,
+        "domain": t["domain"],
+        "batch_id": t["batch_id"],
+        "simulator_version": t["env_model_version"],
+        "producer": t["producer"],
+        "simulator_prompt": t["sim_prompt"],
+        "raw_generation": t["raw_generation"],
+        "valid": t["valid"],
+        "invalid_reason": t["invalid_reason"],
+        "task_prompt": t["task_prompt"],
+        "reference": json_or_text(t["reference_json"]),
+        "difficulty": json_or_text(t["difficulty_json"]),
         "rollouts": [
-            {"rollout_id": r["rollout_id"], "group_index": r["group_index"], "agent_version": r["agent_model_version"],
-             "completion": r["completion"], "reward": r["reward"], "success": r["success"], "checker_detail": r["checker_detail"]}
+            {
+                "rollout_id": r["rollout_id"],
+                "group_index": r["group_index"],
+                "agent_version": r["agent_model_version"],
+                "completion": r["completion"],
+                "reward": r["reward"],
+                "success": r["success"],
+                "checker_detail": r["checker_detail"],
+            }
             for r in joined.sort("group_index").iter_rows(named=True)
         ],
-        "batch": [{k: b[k] for k in ("batch_id", "granularity", "p_hat", "env_reward", "weight", "filtered",
-                                     "n_tasks", "n_rollouts", "n_success")} for b in batch.iter_rows(named=True)],
+        "batch": [
+            {
+                k: b[k]
+                for k in (
+                    "batch_id",
+                    "granularity",
+                    "p_hat",
+                    "env_reward",
+                    "weight",
+                    "filtered",
+                    "n_tasks",
+                    "n_rollouts",
+                    "n_success",
+                )
+            }
+            for b in batch.iter_rows(named=True)
+        ],
         "pools": pools,
         "checkpoints": _checkpoints_fed(lake, run_id, pools, t["valid"], batch),
         "quarantined": quarantined,
@@ -123,7 +193,7 @@ def audit_task(lake: Lake, task_id: str) -> dict:
 
 
 def _checkpoints_fed(lake: Lake, run_id: str, pools: list[dict], valid: bool, batch: pl.DataFrame) -> list[dict]:
-    """The updates whose new rows included the task's rows: the parent had not seen them, the update's pool version had."""
+    """The updates whose new rows included the task's rows: the parent had not seen them, its pool version had."""
     out = []
     registered = scan(lake, CHECKPOINTS).filter(pl.col("run_id") == run_id).collect()
     seen_by = {(r["model_kind"], r["version"]): r["pool_version"] for r in registered.iter_rows(named=True)}
@@ -136,8 +206,17 @@ def _checkpoints_fed(lake: Lake, run_id: str, pools: list[dict], valid: bool, ba
                 used = "trained on"
                 if kind == "env" and (not valid or bool(batch["filtered"].any())):
                     used = "left out (" + ("invalid" if not valid else "filtered: outside the alpha band") + ")"
-                out.append({"kind": kind, "version": c["version"], "epoch": c["epoch"], "pool_table": c["pool_table"],
-                            "pool_version": c["pool_version"], "sha256": c["sha256"], "use": used})
+                out.append(
+                    {
+                        "kind": kind,
+                        "version": c["version"],
+                        "epoch": c["epoch"],
+                        "pool_table": c["pool_table"],
+                        "pool_version": c["pool_version"],
+                        "sha256": c["sha256"],
+                        "use": used,
+                    }
+                )
     return out
 
 
@@ -147,8 +226,10 @@ def audit_checkpoint(lake: Lake, kind: str, version: int) -> dict:
         raise AuditError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
     rows = {r["version"]: r for r in registry(lake, kind).iter_rows(named=True)}
     if version not in rows:
-        raise AuditError(f"no {kind} checkpoint version {version} in {lake.root}/{CHECKPOINTS} "
-                         f"(registered: {', '.join(map(str, sorted(rows))) or 'none'})")
+        raise AuditError(
+            f"no {kind} checkpoint version {version} in {lake.root}/{CHECKPOINTS} "
+            f"(registered: {', '.join(map(str, sorted(rows))) or 'none'})"
+        )
     try:
         base_model = manifest(lake, kind, version)["base_model"]
     except CheckpointError as exc:
@@ -164,16 +245,32 @@ def audit_checkpoint(lake: Lake, kind: str, version: int) -> dict:
         trained = new_rows(lake, POOL_OF[kind], row["pool_version"], seen).filter(pl.col("run_id") == row["run_id"])
         metrics = json_object(row["metrics_json"])
         key = "rollout_id" if kind == "agent" else "task_id"
-        by_epoch = trained.group_by("epoch").agg(pl.col(key).n_unique().alias("rows"), pl.col("task_id").n_unique().alias("tasks"))
-        chain.append({
-            "version": v, "parent_version": parent, "run_id": row["run_id"], "epoch": row["epoch"],
-            "pool_table": row["pool_table"], "pool_version": row["pool_version"], "parent_pool_version": seen,
-            "warm_start": bool(metrics.get("warm_start")), "sha256": row["sha256"], "config_hash": row["config_hash"],
-            "seed": row["seed"], "path": row["path"],
-            "new_rows_by_epoch": sorted(by_epoch.to_dicts(), key=lambda d: d["epoch"]),
-            "seed_rows": int((trained[f"{'agent' if kind == 'agent' else 'env'}_model_version"] == SEED_VERSION).sum()) if trained.height else 0,
-            "metrics": metrics,
-        })
+        by_epoch = trained.group_by("epoch").agg(
+            pl.col(key).n_unique().alias("rows"), pl.col("task_id").n_unique().alias("tasks")
+        )
+        chain.append(
+            {
+                "version": v,
+                "parent_version": parent,
+                "run_id": row["run_id"],
+                "epoch": row["epoch"],
+                "pool_table": row["pool_table"],
+                "pool_version": row["pool_version"],
+                "parent_pool_version": seen,
+                "warm_start": bool(metrics.get("warm_start")),
+                "sha256": row["sha256"],
+                "config_hash": row["config_hash"],
+                "seed": row["seed"],
+                "path": row["path"],
+                "new_rows_by_epoch": sorted(by_epoch.to_dicts(), key=lambda d: d["epoch"]),
+                "seed_rows": int(
+                    (trained[f"{'agent' if kind == 'agent' else 'env'}_model_version"] == SEED_VERSION).sum()
+                )
+                if trained.height
+                else 0,
+                "metrics": metrics,
+            }
+        )
         v = parent
     return {"kind": kind, "version": version, "base_model": base_model, "pool": POOLS[POOL_OF[kind]], "lineage": chain}
 
@@ -194,8 +291,10 @@ def audit_epoch(lake: Lake, epoch: int, run_id: str | None = None) -> dict:
     checkpoints = scan(lake, CHECKPOINTS).filter(of_epoch).collect().sort("produced_at")
     invalid = generated.filter(~pl.col("valid"))
     return {
-        "run_id": run_id, "epoch": epoch,
-        "tasks_generated": generated.height, "seed_tasks": tasks.height - generated.height,
+        "run_id": run_id,
+        "epoch": epoch,
+        "tasks_generated": generated.height,
+        "seed_tasks": tasks.height - generated.height,
         "valid_share": round(generated["valid"].mean(), 4) if generated.height else None,
         "invalid_by_reason": _counts(invalid["invalid_reason"].to_list()),
         "quarantine_by_reason": quarantine_of(lake, run_id, epoch, set(tasks["task_id"])),
@@ -204,13 +303,21 @@ def audit_epoch(lake: Lake, epoch: int, run_id: str | None = None) -> dict:
         "batches": batches.height,
         "share_in_band": round(1 - batches["filtered"].mean(), 4) if batches.height else None,
         **{name: nan_to_none(value) for name, value in asdict(curriculum_measures(generated, rewards)).items()},
-        "checkpoints": [{"kind": c["model_kind"], "version": c["version"], "parent_version": c["parent_version"],
-                         "pool_version": c["pool_version"], "sha256": c["sha256"],
-                         "warm_start": bool(json_object(c["metrics_json"]).get("warm_start"))}
-                        for c in checkpoints.iter_rows(named=True)],
-        "worker_restarts": [{"worker": r["worker"], "role": r["role"], "exit_code": r["exit_code"], "restart": r["restart"]}
-                            for r in scan(lake, silver("restart")).filter(of_epoch).collect().sort("produced_at")
-                            .iter_rows(named=True)],
+        "checkpoints": [
+            {
+                "kind": c["model_kind"],
+                "version": c["version"],
+                "parent_version": c["parent_version"],
+                "pool_version": c["pool_version"],
+                "sha256": c["sha256"],
+                "warm_start": bool(json_object(c["metrics_json"]).get("warm_start")),
+            }
+            for c in checkpoints.iter_rows(named=True)
+        ],
+        "worker_restarts": [
+            {"worker": r["worker"], "role": r["role"], "exit_code": r["exit_code"], "restart": r["restart"]}
+            for r in scan(lake, silver("restart")).filter(of_epoch).collect().sort("produced_at").iter_rows(named=True)
+        ],
     }
 
 

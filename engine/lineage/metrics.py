@@ -52,6 +52,7 @@ def levels_of(value) -> dict[str, float]:
 
 def metrics_from_lake(lake: Lake, run_id: str) -> list[EpochMetrics]:
     """Per-epoch metrics of a run, computed from what the lake holds (the async mode's report)."""
+
     def of_run(table: str) -> pl.DataFrame:
         frame = read_table(lake, table)
         return frame.filter(pl.col("run_id") == run_id)
@@ -72,27 +73,37 @@ def metrics_from_lake(lake: Lake, run_id: str) -> list[EpochMetrics]:
         upto = checkpoints.filter(pl.col("epoch") <= epoch)
         agents = upto.filter(pl.col("model_kind") == "agent")
         envs = upto.filter(pl.col("model_kind") == "env")
-        recorded = [json_object(m) for m in
-                    checkpoints.filter((pl.col("epoch") == epoch) & (pl.col("model_kind") == "agent"))["metrics_json"]]
+        recorded = [
+            json_object(m)
+            for m in checkpoints.filter((pl.col("epoch") == epoch) & (pl.col("model_kind") == "agent"))["metrics_json"]
+        ]
         recorded = [m for m in recorded if type(m.get("validation_accuracy")) in (int, float)]
-        out.append(EpochMetrics(
-            epoch=epoch, agent_version=int(agents["version"].max() or 0) if agents.height else 0,
-            env_version=int(envs["version"].max() or 0) if envs.height else 0, tasks=t.height,
-            valid_share=round(valid.height / max(t.height, 1), 3),
-            agent_success=round(r["success"].mean() or 0.0, 3) if r.height else 0.0,
-            batch_p_hats=[round(p, 3) for p in b["p_hat"].to_list()],
-            in_band_share=round(1 - (b["filtered"].mean() or 0.0), 3) if b.height else 0.0,
-            difficulty=difficulty_means(valid["difficulty_json"].to_list()),
-            response_tokens=round(statistics.fmean(len(x) for x in ro["completion_token_ids"].to_list()), 2) if ro.height else 0.0,
-            validation_accuracy=recorded[-1]["validation_accuracy"] if recorded else float("nan"),
-            validation_by_level=levels_of(recorded[-1].get("validation_by_level")) if recorded else {},
-            **asdict(curriculum_measures(t, r)),
-        ))
+        out.append(
+            EpochMetrics(
+                epoch=epoch,
+                agent_version=int(agents["version"].max() or 0) if agents.height else 0,
+                env_version=int(envs["version"].max() or 0) if envs.height else 0,
+                tasks=t.height,
+                valid_share=round(valid.height / max(t.height, 1), 3),
+                agent_success=round(r["success"].mean() or 0.0, 3) if r.height else 0.0,
+                batch_p_hats=[round(p, 3) for p in b["p_hat"].to_list()],
+                in_band_share=round(1 - (b["filtered"].mean() or 0.0), 3) if b.height else 0.0,
+                difficulty=difficulty_means(valid["difficulty_json"].to_list()),
+                response_tokens=round(statistics.fmean(len(x) for x in ro["completion_token_ids"].to_list()), 2)
+                if ro.height
+                else 0.0,
+                validation_accuracy=recorded[-1]["validation_accuracy"] if recorded else float("nan"),
+                validation_by_level=levels_of(recorded[-1].get("validation_by_level")) if recorded else {},
+                **asdict(curriculum_measures(t, r)),
+            )
+        )
     return out
 
 
 def with_measures(metrics: list[EpochMetrics], lake: Lake, run_id: str) -> list[EpochMetrics]:
     """A sync run's in-memory metrics with the curriculum measures of each epoch from the lake's rows."""
     by_epoch = {m.epoch: m for m in metrics_from_lake(lake, run_id)}
-    return [replace(m, **{name: getattr(by_epoch[m.epoch], name) for name in MEASURES}) if m.epoch in by_epoch else m
-            for m in metrics]
+    return [
+        replace(m, **{name: getattr(by_epoch[m.epoch], name) for name in MEASURES}) if m.epoch in by_epoch else m
+        for m in metrics
+    ]

@@ -31,7 +31,15 @@ from lake import CHECKPOINTS, POOLS, CommitRecord, Lake, read_table, rebuild_to,
 from trainers import Precision, load_checkpoint, manifest
 from trainers.checkpoints import checkpoint_dir, fetch_checkpoint, save_checkpoint
 from trainers.update import (
-    POOL_OF, ROW_KEY, config_from_manifest, fit, master_weights, new_rows, select_update_rows, starting_optimizer,
+    POOL_OF,
+    ROW_KEY,
+    config_from_manifest,
+    fit,
+    master_weights,
+    new_rows,
+    reference_model,
+    select_update_rows,
+    starting_optimizer,
 )
 
 from ..coevolution import CurriculumConfig, Phase, Say, no_phase, recorded_run_config, score_groups
@@ -86,8 +94,16 @@ class ReplayResult:
         return all(c.matches for c in self.checkpoints)
 
 
-def replay_epoch(lake: Lake, epoch: int, run_id: str | None = None, scratch: Path | None = None, rescore: bool = False,
-                 domain: Domain | None = None, say: Say = print, phase: Phase | None = None) -> ReplayResult:
+def replay_epoch(
+    lake: Lake,
+    epoch: int,
+    run_id: str | None = None,
+    scratch: Path | None = None,
+    rescore: bool = False,
+    domain: Domain | None = None,
+    say: Say = print,
+    phase: Phase | None = None,
+) -> ReplayResult:
     """Replay one epoch (see the module's docstring). domain: the checker to rescore with (default: the run's)."""
     start = time.perf_counter()
     phase = phase or no_phase
@@ -100,7 +116,9 @@ def replay_epoch(lake: Lake, epoch: int, run_id: str | None = None, scratch: Pat
     if mine.is_empty():
         epochs = sorted(set(read_table(lake, silver("task")).filter(pl.col("run_id") == run_id)["epoch"].to_list()))
         if epoch not in epochs:
-            raise ReplayError(f"run {run_id!r} has no epoch {epoch} in {lake.root} (epochs: {', '.join(map(str, epochs)) or 'none'})")
+            raise ReplayError(
+                f"run {run_id!r} has no epoch {epoch} in {lake.root} (epochs: {', '.join(map(str, epochs)) or 'none'})"
+            )
         say(f"run {run_id} registered no checkpoints in epoch {epoch} (every update was skipped): nothing to retrain")
     if rescore and domain is None:
         try:
@@ -121,8 +139,16 @@ def replay_epoch(lake: Lake, epoch: int, run_id: str | None = None, scratch: Pat
             pool = POOLS[POOL_OF[c["model_kind"]]]
             parent = c["parent_version"] or 0
             seen = pool_of_parent.get((c["model_kind"], parent)) if parent else None
-            plans.append(Update(c, pool, parent, seen, record_at(lake, pool, c["pool_version"]),
-                                record_at(lake, pool, seen) if seen is not None else None))
+            plans.append(
+                Update(
+                    c,
+                    pool,
+                    parent,
+                    seen,
+                    record_at(lake, pool, c["pool_version"]),
+                    record_at(lake, pool, seen) if seen is not None else None,
+                )
+            )
 
         # Rebuild step by step, oldest watermark first, remembering the scratch lake's versions after each.
         records = [r for plan in plans for r in (plan.read, plan.parent_read) if r is not None]
@@ -140,8 +166,9 @@ def replay_epoch(lake: Lake, epoch: int, run_id: str | None = None, scratch: Pat
             say(f"{r.kind} v{r.version}: " + ("sha256 matches" if r.matches else f"DIFFERS: {r.first_difference}"))
         result = ReplayResult(run_id, epoch, str(root) if keep else None, replayed)
         if rescore:
-            result.rescored_rollouts, result.changes = rescore_epoch(rebuilt, run_id, epoch, domain,
-                                                                     recorded_curriculum(lake, run_id))
+            result.rescored_rollouts, result.changes = rescore_epoch(
+                rebuilt, run_id, epoch, domain, recorded_curriculum(lake, run_id)
+            )
         result.seconds = round(time.perf_counter() - start, 2)
         return result
     finally:
@@ -161,7 +188,9 @@ class Update:
     parent_read: CommitRecord | None  # ... and the one that wrote the parent's
 
 
-def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[int, CommitRecord], phase: Phase) -> ReplayedCheckpoint:
+def _retrain(
+    lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[int, CommitRecord], phase: Phase
+) -> ReplayedCheckpoint:
     c = plan.row
     start = time.perf_counter()
     kind, pool_name = c["model_kind"], POOL_OF[c["model_kind"]]
@@ -171,13 +200,17 @@ def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[i
     seen_then = after[plan.parent_read.seq].versions.get(plan.pool, 0) if plan.parent_read else None
     of_run = pl.col("run_id") == run_id
     rows = new_rows(rebuilt, pool_name, version_then, seen_then).filter(of_run)
-    out = ReplayedCheckpoint(kind, c["version"], plan.parent, warm_start, c["pool_version"], version_then, rows.height, c["sha256"])
+    out = ReplayedCheckpoint(
+        kind, c["version"], plan.parent, warm_start, c["pool_version"], version_then, rows.height, c["sha256"]
+    )
     recorded_rows = new_rows(lake, pool_name, c["pool_version"], plan.seen).filter(of_run)
     out.first_difference = first_row_difference(recorded_rows, rows, ROW_KEY[pool_name])
     processes = lineage.get("metrics", {}).get("processes", 1)
     if out.first_difference is None and processes > 1:
-        out.first_difference = (f"it was trained in {processes} processes (gradients reduced across ranks); a replay "
-                                "retrains in one, which agrees to float precision, not bit for bit")
+        out.first_difference = (
+            f"it was trained in {processes} processes (gradients reduced across ranks); a replay "
+            "retrains in one, which agrees to float precision, not bit for bit"
+        )
     if out.first_difference is None:
         selected, dropped = select_update_rows(kind, rows, plan.parent, config, warm_start)
         # The precision the update ran in (checkpoints from before it was recorded ran in fp32 on the CPU).
@@ -185,13 +218,15 @@ def _retrain(lake: Lake, rebuilt: Lake, run_id: str, plan: Update, after: dict[i
         loaded = load_checkpoint(lake, kind, plan.parent, lineage["base_model"], master_weights(precision, config))
         state = starting_optimizer(lake, kind, plan.parent, config, warm_start)  # the parent's, as the update had it
         with phase(f"retraining {kind} v{c['version']} on {selected.height} rows") as tick:
-            model, _, _ = fit(loaded, selected, dropped, config, lineage["base_model"], warm_start, tick, precision,
-                              state=state)
+            ref = reference_model(lake, kind, plan.parent, lineage["base_model"], config, precision)
+            model, _, _ = fit(loaded, selected, dropped, config, ref, warm_start, tick, precision, state=state)
         folder = checkpoint_dir(rebuilt, kind, c["version"])
         out.replayed_sha256 = save_checkpoint(model, loaded.tokenizer, folder, {**lineage, "path": str(folder)})
         if out.replayed_sha256 != c["sha256"]:
-            out.first_difference = (f"sha256 {out.replayed_sha256[:12]}... != recorded {c['sha256'][:12]}...; "
-                                    + first_tensor_difference(fetch_checkpoint(lake, kind, c["version"], c["sha256"]), folder))
+            out.first_difference = (
+                f"sha256 {out.replayed_sha256[:12]}... != recorded {c['sha256'][:12]}...; "
+                + first_tensor_difference(fetch_checkpoint(lake, kind, c["version"], c["sha256"]), folder)
+            )
     out.seconds = round(time.perf_counter() - start, 2)
     return out
 
@@ -205,10 +240,11 @@ def first_row_difference(recorded: pl.DataFrame, rebuilt: pl.DataFrame, key: str
     if extra.height:
         return f"row {key}={extra[key][0]} is in the rebuilt pool but not in the lake's ({extra.height} rows)"
     a, b = recorded.sort(key), rebuilt.sort(key).select(recorded.columns)
-    for i, (x, y) in enumerate(zip(a.iter_rows(named=True), b.iter_rows(named=True))):
+    for x, y in zip(a.iter_rows(named=True), b.iter_rows(named=True)):
         for column in a.columns:
             if x[column] != y[column]:
-                return f"row {key}={x[key]}: {column} is {str(x[column])[:60]!r} in the lake, {str(y[column])[:60]!r} rebuilt"
+                lake_value, rebuilt_value = str(x[column])[:60], str(y[column])[:60]
+                return f"row {key}={x[key]}: {column} is {lake_value!r} in the lake, {rebuilt_value!r} rebuilt"
     return None
 
 
@@ -225,7 +261,8 @@ def first_tensor_difference(recorded: Path, replayed: Path) -> str:
             return f"tensor {name}: shape {tuple(a[name].shape)} recorded, {tuple(b[name].shape)} replayed"
         if not a[name].equal(b[name]):
             diff = (a[name].float() - b[name].float()).abs()
-            return f"first differing tensor {name}: {int((diff > 0).sum())} values differ, max |diff| {diff.max().item():.3g}"
+            differing = int((diff > 0).sum())
+            return f"first differing tensor {name}: {differing} values differ, max |diff| {diff.max().item():.3g}"
     return "the tensors are equal; the files differ in their metadata"
 
 
@@ -237,11 +274,16 @@ def recorded_curriculum(lake: Lake, run_id: str) -> CurriculumConfig:
         raise ReplayError(f"cannot rescore: {exc}") from None
 
 
-def rescore_epoch(lake: Lake, run_id: str, epoch: int, domain: Domain, curriculum: CurriculumConfig) -> tuple[int, list[Change]]:
+def rescore_epoch(
+    lake: Lake, run_id: str, epoch: int, domain: Domain, curriculum: CurriculumConfig
+) -> tuple[int, list[Change]]:
     """Check the epoch's rollouts again and recompute its batches: (rollouts rescored, the values that change)."""
+
     def of_epoch(kind: str) -> pl.DataFrame:
         frame = read_table(lake, silver(kind))
-        return frame.filter((pl.col("run_id") == run_id) & (pl.col("epoch") == epoch) & (pl.col("producer") != "warm-start"))
+        return frame.filter(
+            (pl.col("run_id") == run_id) & (pl.col("epoch") == epoch) & (pl.col("producer") != "warm-start")
+        )
 
     tasks = {t["task_id"]: t for t in of_epoch("task").iter_rows(named=True)}
     rewards = {r["rollout_id"]: r for r in of_epoch("reward").iter_rows(named=True)}

@@ -132,8 +132,9 @@ def create_app(lake: Lake) -> Flask:
         return metrics_at(run_id, lake.version(VALIDATIONS))  # every lake change is a new refine commit
 
     def page(title: str, body: str, **context) -> str:
-        return render_template_string(LAYOUT, title=title, body=render_template_string(body, **context),
-                                      query=request.args.get("q"))
+        return render_template_string(
+            LAYOUT, title=title, body=render_template_string(body, **context), query=request.args.get("q")
+        )
 
     @app.get("/")
     def index():
@@ -158,8 +159,18 @@ def create_app(lake: Lake) -> Flask:
             tasks = tasks.filter(pl.col("epoch") == epoch)
         total = tasks.select(pl.len()).collect().item()
         shown = tasks.sort(["epoch", "task_id"]).head(MAX_ROWS).collect().to_dicts()
-        return page(f"run {run_id}", RUN, run_id=run_id, metrics=metrics, plots=PLOTS, tasks=shown, total=total,
-                    truncated=total > len(shown), epochs=epochs, epoch=epoch)
+        return page(
+            f"run {run_id}",
+            RUN,
+            run_id=run_id,
+            metrics=metrics,
+            plots=PLOTS,
+            tasks=shown,
+            total=total,
+            truncated=total > len(shown),
+            epochs=epochs,
+            epoch=epoch,
+        )
 
     @app.get("/plot")
     def plot():
@@ -183,12 +194,20 @@ def create_app(lake: Lake) -> Flask:
         query = (request.args.get("q") or "").strip()
         if not query:
             return redirect(url_for("index"))
-        ids = (scan(lake, silver("task")).filter(pl.col("task_id").str.starts_with(query)).select("task_id")
-               .head(50).collect()["task_id"].to_list())
+        ids = (
+            scan(lake, silver("task"))
+            .filter(pl.col("task_id").str.starts_with(query))
+            .select("task_id")
+            .head(50)
+            .collect()["task_id"]
+            .to_list()
+        )
         if query in ids:
             return redirect(url_for("task_page", id=query))
-        body = ("<p>No task has the id <code>{{ q }}</code>.</p>{% if ids %}<p>Ids that start with it:</p><ul>"
-                "{% for i in ids %}<li><a href=\"{{ url_for('task_page', id=i) }}\">{{ i }}</a></li>{% endfor %}</ul>{% endif %}")
+        body = (
+            "<p>No task has the id <code>{{ q }}</code>.</p>{% if ids %}<p>Ids that start with it:</p><ul>"
+            "{% for i in ids %}<li><a href=\"{{ url_for('task_page', id=i) }}\">{{ i }}</a></li>{% endfor %}</ul>{% endif %}"
+        )
         return page("task search", body, q=query, ids=ids), 404
 
     @app.get("/task")
@@ -197,7 +216,7 @@ def create_app(lake: Lake) -> Flask:
         try:
             answer = audit_task(lake, task_id)
         except AuditError as exc:
-            return page("unknown task", "<p class=\"bad\">{{ message }}</p>", message=str(exc)), 404
+            return page("unknown task", '<p class="bad">{{ message }}</p>', message=str(exc)), 404
         return page(f"task {task_id}", TASK, t=answer)
 
     @app.get("/checkpoints/<kind>/<int:version>")
@@ -205,7 +224,7 @@ def create_app(lake: Lake) -> Flask:
         try:
             answer = audit_checkpoint(lake, kind, version)
         except (AuditError, CheckpointError) as exc:
-            return page("unknown checkpoint", "<p class=\"bad\">{{ message }}</p>", message=str(exc)), 404
+            return page("unknown checkpoint", '<p class="bad">{{ message }}</p>', message=str(exc)), 404
         return page(f"{kind} checkpoint v{version}", CHECKPOINT, c=answer)
 
     @app.get("/quarantine")

@@ -33,8 +33,9 @@ class RunInterrupted(RuntimeError):
     """The run cannot go on here (its broker stopped answering); the message says how to resume it."""
 
 
-def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_s: float = 3600, phase=None,
-              resume: bool = False) -> CoEvolution:
+def run_async(
+    config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_s: float = 3600, phase=None, resume: bool = False
+) -> CoEvolution:
     """The run, its warm start and first validation done here (as the sync loop does them), the rest by workers.
     resume: continue config.run_id from what the lake holds (resume.py): no warm start; the validation before
     training is measured again on the run's first agent checkpoint."""
@@ -43,8 +44,10 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
         engine.rollouts.load(lake, run_version(lake, "agent", config.run_id, first=True))
         engine.initial_validation = engine.validate()
         sent = republish(lake, bootstrap, engine.run_id)
-        say(f"resuming run {engine.run_id}: " + (f"{sent} events of unfinished tasks sent again from the lake"
-                                                 if sent else "nothing to send again"))
+        say(
+            f"resuming run {engine.run_id}: "
+            + (f"{sent} events of unfinished tasks sent again from the lake" if sent else "nothing to send again")
+        )
     else:
         with LakeWriter(lake, bootstrap) as writer:
             engine = CoEvolution(config, lake, writer, say, phase=phase)
@@ -79,8 +82,10 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
             if time.monotonic() - asked > BROKER_CHECK_S:
                 asked = time.monotonic()
                 if not broker_answers(bootstrap):
-                    raise RunInterrupted(f"the Kafka broker at {bootstrap} stopped answering; continue the run with "
-                                         f"`{resume_line}` (against a new broker the lake re-sends what it lost)")
+                    raise RunInterrupted(
+                        f"the Kafka broker at {bootstrap} stopped answering; continue the run with "
+                        f"`{resume_line}` (against a new broker the lake re-sends what it lost)"
+                    )
             time.sleep(1.0)
 
     stopped = False
@@ -89,13 +94,20 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
             # The simulator has written every round; then every valid task gets scored, and the agent trainer
             # either makes its last update or has trained on everything the pool holds.
             wait(lambda: supervisor.finished("simulator"), "the simulator did not write its rounds")
-            wait(lambda: lag(lake, bootstrap) == 0 and not _count(RunRows(lake, run_id).unscored_tasks()), "rewards did not land")
-            wait(lambda: supervisor.finished("train-agent") or _agent_caught_up(lake, run_id, config),
-                 "the agent trainer did not catch up")
+            wait(
+                lambda: lag(lake, bootstrap) == 0 and not _count(RunRows(lake, run_id).unscored_tasks()),
+                "rewards did not land",
+            )
+            wait(
+                lambda: supervisor.finished("train-agent") or _agent_caught_up(lake, run_id, config),
+                "the agent trainer did not catch up",
+            )
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (the CLI makes it an exit): a clean stop
             stopped = True
-            say(f"stopping run {run_id}: the workers stop now and the ingestor lands what they published; "
-                f"work cut short is done again by `{resume_line}`")
+            say(
+                f"stopping run {run_id}: the workers stop now and the ingestor lands what they published; "
+                f"work cut short is done again by `{resume_line}`"
+            )
         supervisor.stop("simulator", "rollout", "reward", "train-agent", "train-env")
         wait(lambda: lag(lake, bootstrap) == 0 and not _still_refining(lake), "the ingestor did not catch up")
     finally:
@@ -103,7 +115,9 @@ def run_async(config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_
         Path(f.name).unlink(missing_ok=True)
     missing = missing_work(lake, run_id, config)
     if missing and not stopped:
-        raise RunInterrupted(f"async run {run_id}: the lake lacks {'; '.join(missing)}; continue it with `{resume_line}`")
+        raise RunInterrupted(
+            f"async run {run_id}: the lake lacks {'; '.join(missing)}; continue it with `{resume_line}`"
+        )
     if stopped:
         say(f"run {run_id} stopped" + (f"; unfinished: {'; '.join(missing)}" if missing else ""))
     elif config.final_bfcl_items:  # the newest agent checkpoint, as the sync loop does after its last epoch
@@ -117,12 +131,21 @@ def missing_work(lake: Lake, run_id: str, config: RunConfig) -> list[str]:
     """What a finished run's lake should hold and does not: every valid task with group_size rollouts, each rollout
     with its reward, every task scored, and the agent trained at least once."""
     run = RunRows(lake, run_id)
-    short = run.tasks().join(run.rollouts_per_task(), on="task_id", how="left").filter(pl.col("len").fill_null(0) < config.group_size)
+    short = (
+        run.tasks()
+        .join(run.rollouts_per_task(), on="task_id", how="left")
+        .filter(pl.col("len").fill_null(0) < config.group_size)
+    )
     unrewarded = run.rollouts().join(run.rewards(), on="rollout_id", how="anti")
-    problems = [f"{n} {what}" for n, what in (
-        (_count(short), f"valid tasks with fewer than {config.group_size} rollouts"),
-        (_count(unrewarded), "rollouts without a reward"),
-        (_count(run.unscored_tasks()), "valid tasks without a score")) if n]
+    problems = [
+        f"{n} {what}"
+        for n, what in (
+            (_count(short), f"valid tasks with fewer than {config.group_size} rollouts"),
+            (_count(unrewarded), "rollouts without a reward"),
+            (_count(run.unscored_tasks()), "valid tasks without a score"),
+        )
+        if n
+    ]
     if run_version(lake, "agent", run_id) == 0:
         problems.append("an agent checkpoint")
     return problems

@@ -53,8 +53,9 @@ class Managed:
         env = {**os.environ, "GENENV_WORKER_NAME": self.name, SUPERVISOR_PID: str(os.getpid())}
         # Its own session: a Ctrl-C at the terminal reaches the launcher alone, which then stops the workers in
         # order (the ingestor last, once it has landed what the others published).
-        self.process = subprocess.Popen([sys.executable, "-m", "engine.cli", *self.args], cwd=ROOT, env=env,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "engine.cli", *self.args], cwd=ROOT, env=env, start_new_session=True
+        )
         self.restart_at = None
 
     @property
@@ -76,7 +77,7 @@ class Supervisor:
         self.workers[name].start()
 
     def check(self) -> None:
-        """Restart the workers that died (when their backoff is over); raise WorkerFailed for one that died too often."""
+        """Restart the workers that died (once their backoff is over); WorkerFailed for one that died too often."""
         now = time.monotonic()
         for worker in self.workers.values():
             if worker.stopped:
@@ -89,15 +90,28 @@ class Supervisor:
             if code is None or worker.done:
                 continue
             if worker.restarts >= MAX_RESTARTS:
-                raise WorkerFailed(f"async run: worker {worker.name} exited with code {code} after {worker.restarts} "
-                                   "restarts; giving up")
+                raise WorkerFailed(
+                    f"async run: worker {worker.name} exited with code {code} after {worker.restarts} "
+                    "restarts; giving up"
+                )
             worker.restarts += 1
             delay = BACKOFF_S * 2 ** (worker.restarts - 1)
             worker.restart_at = now + delay
-            self.say(f"supervisor: {worker.name} exited with code {code}; restart {worker.restarts}/{MAX_RESTARTS} "
-                     f"in {delay:.0f}s")
-            self.record(WorkerRestarted(run_id=self.run_id, epoch=self.epoch_now(), worker=worker.name, role=worker.role,
-                                        exit_code=code, restart=worker.restarts, producer="supervisor"))
+            self.say(
+                f"supervisor: {worker.name} exited with code {code}; restart {worker.restarts}/{MAX_RESTARTS} "
+                f"in {delay:.0f}s"
+            )
+            self.record(
+                WorkerRestarted(
+                    run_id=self.run_id,
+                    epoch=self.epoch_now(),
+                    worker=worker.name,
+                    role=worker.role,
+                    exit_code=code,
+                    restart=worker.restarts,
+                    producer="supervisor",
+                )
+            )
 
     def record(self, event: WorkerRestarted) -> None:
         try:

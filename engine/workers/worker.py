@@ -35,8 +35,8 @@ from collections.abc import Callable
 from itertools import groupby
 
 import polars as pl
-from kafka import ConsumerRebalanceListener, TopicPartition
 from deltalake.exceptions import DeltaError
+from kafka import ConsumerRebalanceListener, TopicPartition
 from kafka.errors import CommitFailedError, KafkaError
 
 from lake import Lake, RunRows, StorageError
@@ -45,7 +45,15 @@ from trainers import TrainError, latest_version, manifest
 from trainers.update import POOL_OF, new_rows
 
 from ..coevolution import (
-    GeneratedTask, RunConfig, Rollouts, Scorer, Simulator, Updater, generated_task, record_run_config, run_version,
+    GeneratedTask,
+    Rollouts,
+    RunConfig,
+    Scorer,
+    Simulator,
+    Updater,
+    generated_task,
+    record_run_config,
+    run_version,
 )
 from ..domains import Invalid, get_domain
 
@@ -108,8 +116,11 @@ class Worker:
                 failures += 1
                 if failures > RETRIES:
                     raise
-                delay = 2.0 ** failures
-                self.say(f"{self.role}: {exc.__class__.__name__}: {str(exc)[:200]}; retry {failures}/{RETRIES} in {delay:.0f}s")
+                delay = 2.0**failures
+                self.say(
+                    f"{self.role}: {exc.__class__.__name__}: {str(exc)[:200]}; "
+                    f"retry {failures}/{RETRIES} in {delay:.0f}s"
+                )
                 time.sleep(delay)
             finally:
                 self.disconnect()
@@ -119,11 +130,20 @@ class Worker:
         self.producer = EventProducer(self.bootstrap, client_id=f"genenv-{self.role}")
         if self.topics:
             self.reset()
-            self.consumer = group_consumer(self.bootstrap, self.topics, self.group_id, client_id=f"genenv-{self.role}",
-                                           co_partitioned=self.co_partitioned, listener=self.listener())
+            self.consumer = group_consumer(
+                self.bootstrap,
+                self.topics,
+                self.group_id,
+                client_id=f"genenv-{self.role}",
+                co_partitioned=self.co_partitioned,
+                listener=self.listener(),
+            )
 
     def disconnect(self) -> None:
-        for client, close in ((self.consumer, lambda c: c.close(autocommit=False)), (self.producer, lambda p: p.close())):
+        for client, close in (
+            (self.consumer, lambda c: c.close(autocommit=False)),
+            (self.producer, lambda p: p.close()),
+        ):
             if client is not None:
                 with contextlib.suppress(Exception):  # closing after a broker error may fail again; nothing to keep
                     close(client)
@@ -181,16 +201,19 @@ class SimulatorWorker(Worker):
                 continue
             if simulator.needs_model:
                 self.refresh(simulator, every=0)
-            recent = run.outcomes()[-4 * cfg.tasks_per_epoch * cfg.group_size:]
+            recent = run.outcomes()[-4 * cfg.tasks_per_epoch * cfg.group_size :]
             published, valid = simulator.tasks_for(round_, recent)
             valid_in[round_] = len(valid)
             self.publish([simulator.event(t, producer=self.name) for t in published])
-            self.say(f"simulator: round {round_}: {len(valid)} valid tasks of {len(published)} written (env v{simulator.version})")
+            self.say(
+                f"simulator: round {round_}: {len(valid)} valid tasks of {len(published)} written "
+                f"(env v{simulator.version})"
+            )
             round_ += 1
             # Rounds without a valid task wait for nothing: without a pause an unbounded run would write them as
             # fast as the simulator generates. Wait 2, 4, ... 60 s, for a new checkpoint to write better ones.
             barren = 0 if valid or not published else barren + 1
-            until = time.monotonic() + (min(2.0 ** barren, 60.0) if barren and cfg.epochs == 0 else 0)
+            until = time.monotonic() + (min(2.0**barren, 60.0) if barren and cfg.epochs == 0 else 0)
             while time.monotonic() < until and not stop():
                 time.sleep(0.5)
 
@@ -207,13 +230,18 @@ class RolloutWorker(Worker):
         while not stop():
             self.refresh(rollouts)
             polled = [m for messages in consumer.poll(timeout_ms=500, max_records=per_call).values() for m in messages]
-            tasks = [generated_task(e) for e in (run_event(m, self.run_id) for m in polled) if e is not None and e.KIND == "task"]
+            tasks = [
+                generated_task(e)
+                for e in (run_event(m, self.run_id) for m in polled)
+                if e is not None and e.KIND == "task"
+            ]
             tasks = self.not_in_lake([t for t in tasks if not isinstance(t.parsed, Invalid)])
             for epoch, same_epoch in groupby(sorted(tasks, key=lambda t: t.epoch), key=lambda t: t.epoch):
-                self.publish(rollouts.roll_out(list(same_epoch), epoch, producer=self.name))  # the reward worker scores them
+                self.publish(
+                    rollouts.roll_out(list(same_epoch), epoch, producer=self.name)
+                )  # the reward worker scores them
             if polled:
                 self.commit()
-
 
     def not_in_lake(self, tasks: list[GeneratedTask]) -> list[GeneratedTask]:
         """The tasks whose rollouts the lake does not hold yet (a task sent again after a restart or a resume
@@ -298,8 +326,9 @@ class RewardWorker(Worker):
                 if len(done) < self.config.group_size:
                     continue
                 task = self.tasks[task_id]
-                out += scorer.groups([task], {task_id: list(done.values())}, task.epoch, granularity="task",
-                                     producer=self.name)
+                out += scorer.groups(
+                    [task], {task_id: list(done.values())}, task.epoch, granularity="task", producer=self.name
+                )
                 self.finished(task_id)
             if out:
                 self.publish(out)
@@ -389,8 +418,10 @@ class TrainerWorker(Worker):
                 time.sleep(0.5)  # the ingest worker registers it; the next update's lineage needs the row
             parent = record.version
             updates += 1
-            self.say(f"train-{kind}: v{record.version} on {record.metrics['rows']} rows "
-                     f"(left out: {record.metrics['rows_left_out']}; optimiser {record.metrics['optimizer']})")
+            self.say(
+                f"train-{kind}: v{record.version} on {record.metrics['rows']} rows "
+                f"(left out: {record.metrics['rows_left_out']}; optimiser {record.metrics['optimizer']})"
+            )
 
 
 WORKERS = {"simulator": SimulatorWorker, "rollout": RolloutWorker, "reward": RewardWorker}

@@ -38,7 +38,7 @@ from lake.tables import BRONZE_SCHEMA, bronze  # noqa: E402
 
 
 def build_lake(root: Path, n_tasks: int, group: int, chunk_tasks: int = 10_000) -> dict:
-    """n_tasks synthetic tasks (G rollouts and rewards each, a batch per 64 tasks) into bronze, refined chunk by chunk."""
+    """n_tasks synthetic tasks (G rollouts and rewards each, a batch per 64 tasks) into bronze, refined in chunks."""
     from demo_events import epoch_events
 
     lake = Lake(root)
@@ -46,31 +46,50 @@ def build_lake(root: Path, n_tasks: int, group: int, chunk_tasks: int = 10_000) 
     start = time.perf_counter()
     epoch = 0
     while epoch * chunk_tasks < n_tasks:
-        events = epoch_events(run_id="bench", epoch=epoch, tasks=min(chunk_tasks, n_tasks - epoch * chunk_tasks),
-                              group=group, seed=epoch, batch_size=64)
+        events = epoch_events(
+            run_id="bench",
+            epoch=epoch,
+            tasks=min(chunk_tasks, n_tasks - epoch * chunk_tasks),
+            group=group,
+            seed=epoch,
+            batch_size=64,
+        )
         by_topic: dict[str, list] = {}
         for event in events:
             by_topic.setdefault(event.TOPIC, []).append(event)
         for topic, topic_events in by_topic.items():
             first = offsets.get(topic, 0)
             offsets[topic] = first + len(topic_events)
-            rows = pa.table({
-                "topic": [topic] * len(topic_events),
-                "kafka_cluster": ["bench-cluster"] * len(topic_events),
-                "kafka_partition": pa.array([0] * len(topic_events), pa.int32()),
-                "kafka_offset": pa.array(range(first, first + len(topic_events)), pa.int64()),
-                "kafka_timestamp": pa.array([int(time.time() * 1000)] * len(topic_events), pa.int64()),
-                "key": [e.key.encode() for e in topic_events],
-                "value": [e.to_json() for e in topic_events],
-                "ingested_at": pa.array([time.time_ns() // 1000] * len(topic_events), pa.timestamp("us", tz="UTC")),
-            }, schema=BRONZE_SCHEMA)
+            rows = pa.table(
+                {
+                    "topic": [topic] * len(topic_events),
+                    "kafka_cluster": ["bench-cluster"] * len(topic_events),
+                    "kafka_partition": pa.array([0] * len(topic_events), pa.int32()),
+                    "kafka_offset": pa.array(range(first, first + len(topic_events)), pa.int64()),
+                    "kafka_timestamp": pa.array([int(time.time() * 1000)] * len(topic_events), pa.int64()),
+                    "key": [e.key.encode() for e in topic_events],
+                    "value": [e.to_json() for e in topic_events],
+                    "ingested_at": pa.array([time.time_ns() // 1000] * len(topic_events), pa.timestamp("us", tz="UTC")),
+                },
+                schema=BRONZE_SCHEMA,
+            )
             lake.append(bronze(topic), rows)
         Ingestor(lake, bootstrap="").recover()  # one refine step over what bronze holds past the watermark
         epoch += 1
-        print(f"  built {min(epoch * chunk_tasks, n_tasks)} tasks ({time.perf_counter() - start:.0f}s)", file=sys.stderr)
-    counts = {name: read_table(lake, name).height for name in (silver("task"), silver("rollout"), silver("reward"), "gold/d_train")}
-    return {"tasks": n_tasks, "group_size": group, "refine_steps": epoch, "rows": counts,
-            "build_seconds": round(time.perf_counter() - start, 1)}
+        print(
+            f"  built {min(epoch * chunk_tasks, n_tasks)} tasks ({time.perf_counter() - start:.0f}s)", file=sys.stderr
+        )
+    counts = {
+        name: read_table(lake, name).height
+        for name in (silver("task"), silver("rollout"), silver("reward"), "gold/d_train")
+    }
+    return {
+        "tasks": n_tasks,
+        "group_size": group,
+        "refine_steps": epoch,
+        "rows": counts,
+        "build_seconds": round(time.perf_counter() - start, 1),
+    }
 
 
 def full_scan_baseline(lake: Lake, task_id: str) -> dict:
@@ -89,15 +108,17 @@ def time_calls(fn, ids: list[str]) -> dict:
         fn(task_id)
         seconds.append(time.perf_counter() - start)
     seconds.sort()
-    return {"calls": len(ids), "median_s": round(statistics.median(seconds), 4),
-            "p95_s": round(seconds[int(0.95 * (len(seconds) - 1))], 4), "max_s": round(seconds[-1], 4)}
+    return {
+        "calls": len(ids),
+        "median_s": round(statistics.median(seconds), 4),
+        "p95_s": round(seconds[int(0.95 * (len(seconds) - 1))], 4),
+        "max_s": round(seconds[-1], 4),
+    }
 
 
 def bench_replay(root: Path, mode: str) -> dict:
     """A quick run (tiny models) into the lake at `root`; each epoch's wall time against its replay's."""
-    from engine.coevolution import load_config
-    from engine.coevolution import CoEvolution
-    from engine.coevolution import LakeWriter
+    from engine.coevolution import CoEvolution, LakeWriter, load_config
     from engine.lineage import replay_epoch
     from streams import LocalBroker
 
@@ -118,9 +139,16 @@ def bench_replay(root: Path, mode: str) -> dict:
     out = []
     for epoch, original in enumerate(originals):
         result = replay_epoch(lake, epoch, engine.run_id, say=lambda _: None)
-        out.append({"epoch": epoch, "original_s": round(original, 2), "replay_s": result.seconds,
-                    "ratio": round(result.seconds / original, 3), "checkpoints": len(result.checkpoints),
-                    "identical": result.ok})
+        out.append(
+            {
+                "epoch": epoch,
+                "original_s": round(original, 2),
+                "replay_s": result.seconds,
+                "ratio": round(result.seconds / original, 3),
+                "checkpoints": len(result.checkpoints),
+                "identical": result.ok,
+            }
+        )
     return {"run": engine.run_id, "mode": mode, "epochs": out}
 
 
@@ -135,7 +163,7 @@ def main() -> None:
     from engine.lineage import audit_task
 
     root = args.lake or Path(tempfile.mkdtemp(prefix="genenv-bench-audit-"))
-    built = (Lake(root, create=False) if (root / "silver").is_dir() else None)
+    built = Lake(root, create=False) if (root / "silver").is_dir() else None
     info = {"reused": str(root)} if built else build_lake(root, args.tasks, args.group)
     lake = Lake(root, create=False)
     ids = read_table(lake, silver("task"))["task_id"].to_list()

@@ -35,7 +35,9 @@ class GoldAgent:
         out = []
         for a in asks:
             item = self.by_id[a.item_id]
-            out.append(item.data["walkthrough"][a.turn] if self.benchmark.name == "alfworld" else self.benchmark.gold(item))
+            out.append(
+                item.data["walkthrough"][a.turn] if self.benchmark.name == "alfworld" else self.benchmark.gold(item)
+            )
         return out
 
 
@@ -47,8 +49,12 @@ def scoring(data: Path) -> dict:
         start = time.perf_counter()
         report = evaluate(name, GoldAgent(benchmark, items), benchmark=benchmark, items=items)
         seconds = time.perf_counter() - start
-        out[name] = {"items": len(items), "seconds": round(seconds, 3), "items_per_s": round(len(items) / seconds, 1),
-                     benchmark.headline: report.metrics[benchmark.headline]}
+        out[name] = {
+            "items": len(items),
+            "seconds": round(seconds, 3),
+            "items_per_s": round(len(items) / seconds, 1),
+            benchmark.headline: report.metrics[benchmark.headline],
+        }
     return out
 
 
@@ -64,9 +70,15 @@ def end_to_end(model: str, n: int, batch: int) -> dict:
         start = time.perf_counter()
         report = evaluate("bfcl", agent, benchmark=benchmark, items=items)
         seconds = time.perf_counter() - start
-        out[label] = {"batch_size": size, "seconds": round(seconds, 2), "items_per_s": round(len(items) / seconds, 3),
-                      "accuracy": report.metrics["accuracy_simple_python"]}
-    out["ratio_batched_vs_one_at_a_time"] = round(out["batched"]["items_per_s"] / out["one_at_a_time"]["items_per_s"], 2)
+        out[label] = {
+            "batch_size": size,
+            "seconds": round(seconds, 2),
+            "items_per_s": round(len(items) / seconds, 3),
+            "accuracy": report.metrics["accuracy_simple_python"],
+        }
+    out["ratio_batched_vs_one_at_a_time"] = round(
+        out["batched"]["items_per_s"] / out["one_at_a_time"]["items_per_s"], 2
+    )
     return out
 
 
@@ -77,7 +89,11 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=16)
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()
-    print(json.dumps({"scoring": scoring(args.data), "end_to_end": end_to_end(args.model, args.items, args.batch)}, indent=2))
+    print(
+        json.dumps(
+            {"scoring": scoring(args.data), "end_to_end": end_to_end(args.model, args.items, args.batch)}, indent=2
+        )
+    )
 
 
 if __name__ == "__main__":

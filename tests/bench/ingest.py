@@ -46,13 +46,13 @@ def malformed(event, rng: random.Random, oversized: bool) -> bytes:
     payload = json.loads(raw)
     kind = rng.randrange(13 if oversized else 12)
     if kind == 0:
-        return b"{not json" + raw[:rng.randrange(len(raw))]
+        return b"{not json" + raw[: rng.randrange(len(raw))]
     if kind == 1:
         flipped = bytearray(raw)
         flipped[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
         return bytes(flipped)
     if kind == 2:
-        return raw[:rng.randrange(1, len(raw))]
+        return raw[: rng.randrange(1, len(raw))]
     if kind == 3:
         return json.dumps({**payload, "epoch": rng.choice(["0", True, None, [1]])}).encode()
     if kind == 4:
@@ -61,13 +61,13 @@ def malformed(event, rng: random.Random, oversized: bool) -> bytes:
     if kind == 5:
         return json.dumps({**payload, "run_id": payload["run_id"] + "\ud800"}).encode()
     if kind == 6:
-        return json.dumps({**payload, "epoch": 2 ** 64}).encode()
+        return json.dumps({**payload, "epoch": 2**64}).encode()
     if kind == 7:
         return raw.replace(b'"produced_at":0.0', b'"produced_at":NaN')
     if kind == 8:
         return json.dumps({**payload, "unknown": 1}).encode()
     if kind == 9:
-        return json.dumps({**payload, "event_id": "%032x" % rng.getrandbits(128)}).encode()
+        return json.dumps({**payload, "event_id": f"{rng.getrandbits(128):032x}"}).encode()
     if kind == 10:
         return raw  # a redelivery
     if kind == 11:
@@ -125,9 +125,17 @@ def ingest_worker(bootstrap: str, lake_path: str, n: int) -> None:
     ingestor.run(stop=lambda: ingestor.stats.records >= n)
     elapsed = time.perf_counter() - start
     ingestor.close()
-    print(json.dumps({"elapsed_s": elapsed, "rate": n / elapsed, "steps": ingestor.stats.steps,
-                      "waiting_for_their_task": len(ingestor.refiner.state.pending),
-                      "seconds": ingestor.stats.summary()["seconds"]}))
+    print(
+        json.dumps(
+            {
+                "elapsed_s": elapsed,
+                "rate": n / elapsed,
+                "steps": ingestor.stats.steps,
+                "waiting_for_their_task": len(ingestor.refiner.state.pending),
+                "seconds": ingestor.stats.summary()["seconds"],
+            }
+        )
+    )
 
 
 def timed_ingest(bootstrap: str, lake: str, n: int) -> dict:
@@ -141,7 +149,7 @@ def timed_ingest(bootstrap: str, lake: str, n: int) -> dict:
             raise SystemExit(f"the ingest child failed with {returncode}")
         out.seek(0)
         result = json.loads(out.read().decode().strip().splitlines()[-1])
-    return {**result, "peak_rss_mib": round(peak_rss / 2 ** 20, 1)}
+    return {**result, "peak_rss_mib": round(peak_rss / 2**20, 1)}
 
 
 def main() -> None:
@@ -176,23 +184,42 @@ def main() -> None:
                 raw_mixed_rate = raw_consume(broker.bootstrap, n, strict=False)
                 result = timed_ingest(broker.bootstrap, f"{tmp}/{name}", n)
             mixed[name] = {
-                "records": n, "malformed_share": round(1 - len(events) / n, 3), "rate": round(result["rate"], 1),
+                "records": n,
+                "malformed_share": round(1 - len(events) / n, 3),
+                "rate": round(result["rate"], 1),
                 "ratio_to_clean": round(result["rate"] / clean["rate"], 3),
                 "raw_consume_decode_rate": round(raw_mixed_rate, 1),
                 "raw_ratio_to_clean_raw": round(raw_mixed_rate / raw_rate, 3),
-                "waiting_for_their_task_at_the_end": result["waiting_for_their_task"], "steps": result["steps"],
-                "seconds_by_phase": result["seconds"], "peak_rss_mib": result["peak_rss_mib"]}
-    print(json.dumps({
-        "events": len(events),
-        "produce_rate": round(n_clean / produce_s, 1),
-        "raw_consume_decode_rate": round(raw_rate, 1),
-        "clean": {"records": n_clean, "rate": round(clean["rate"], 1), "steps": clean["steps"],
-                  "seconds_by_phase": clean["seconds"], "peak_rss_mib": clean["peak_rss_mib"]},
-        **mixed,
-        "ratio_clean_to_raw": round(clean["rate"] / raw_rate, 3),
-        "ratio_malformed_to_clean": mixed["malformed_mixed_in"]["ratio_to_clean"],
-        "targets": {"ratio_clean_to_raw": ">= 0.5", "ratio_malformed_to_clean": ">= 0.8", "peak_rss_mib": "<= 1024"},
-    }, indent=2))
+                "waiting_for_their_task_at_the_end": result["waiting_for_their_task"],
+                "steps": result["steps"],
+                "seconds_by_phase": result["seconds"],
+                "peak_rss_mib": result["peak_rss_mib"],
+            }
+    print(
+        json.dumps(
+            {
+                "events": len(events),
+                "produce_rate": round(n_clean / produce_s, 1),
+                "raw_consume_decode_rate": round(raw_rate, 1),
+                "clean": {
+                    "records": n_clean,
+                    "rate": round(clean["rate"], 1),
+                    "steps": clean["steps"],
+                    "seconds_by_phase": clean["seconds"],
+                    "peak_rss_mib": clean["peak_rss_mib"],
+                },
+                **mixed,
+                "ratio_clean_to_raw": round(clean["rate"] / raw_rate, 3),
+                "ratio_malformed_to_clean": mixed["malformed_mixed_in"]["ratio_to_clean"],
+                "targets": {
+                    "ratio_clean_to_raw": ">= 0.5",
+                    "ratio_malformed_to_clean": ">= 0.8",
+                    "peak_rss_mib": "<= 1024",
+                },
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

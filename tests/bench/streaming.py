@@ -36,8 +36,12 @@ def freshness(lake) -> list[float]:
 
     from lake import D_TRAIN, read_table, silver
 
-    produced = dict(read_table(lake, silver("rollout")).filter(pl.col("producer") != "warm-start")
-                    .select("rollout_id", "produced_at").iter_rows())
+    produced = dict(
+        read_table(lake, silver("rollout"))
+        .filter(pl.col("producer") != "warm-start")
+        .select("rollout_id", "produced_at")
+        .iter_rows()
+    )
     committed = {entry["version"]: entry["timestamp"] / 1000 for entry in DeltaTable(lake.uri(D_TRAIN)).history()}
     seen: set[str] = set()
     delays = []
@@ -56,20 +60,41 @@ def run(workers: int, epochs: int, profile: str, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "lake"
         start = time.perf_counter()
-        result = subprocess.run([sys.executable, "-m", "engine.cli", "run", "--profile", profile, "--async", "--lake",
-                                 str(root), "--epochs", str(epochs), "--set", f"rollout_workers={workers}",
-                                 *[a for o in overrides for a in ("--set", o)]],
-                                cwd=ROOT, capture_output=True, text=True)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "engine.cli",
+                "run",
+                "--profile",
+                profile,
+                "--async",
+                "--lake",
+                str(root),
+                "--epochs",
+                str(epochs),
+                "--set",
+                f"rollout_workers={workers}",
+                *[a for o in overrides for a in ("--set", o)],
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         wall = time.perf_counter() - start
         if result.returncode != 0:
-            raise SystemExit(f"run with {workers} rollout workers failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+            raise SystemExit(
+                f"run with {workers} rollout workers failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+            )
         lake = Lake(root, create=False)
         rollouts = read_table(lake, silver("rollout")).filter(pl.col("producer") != "warm-start")
         tasks = rollouts["task_id"].n_unique()
         span = rollouts["produced_at"].max() - rollouts["produced_at"].min()
         delays = sorted(freshness(lake))
         return {
-            "rollout_workers": workers, "run_s": round(wall, 1), "tasks_rolled_out": tasks,
+            "rollout_workers": workers,
+            "run_s": round(wall, 1),
+            "tasks_rolled_out": tasks,
             "tasks_per_minute": round(60 * tasks / span, 2) if span else None,
             "by_worker": dict(rollouts.group_by("producer").agg(pl.col("task_id").n_unique()).iter_rows()),
             "freshness_p50_s": round(delays[len(delays) // 2], 2) if delays else None,
@@ -83,16 +108,31 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--profile", default="quick")
-    parser.add_argument("--set", dest="overrides", action="append", default=None,
-                        help="a run option (default: mode=seeds-only, tasks_per_epoch=16)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=None,
+        help="a run option (default: mode=seeds-only, tasks_per_epoch=16)",
+    )
     args = parser.parse_args()
     overrides = args.overrides or ["mode=seeds-only", "tasks_per_epoch=16"]
     results = [run(n, args.epochs, args.profile, overrides) for n in args.workers]
     base = results[0]["tasks_per_minute"]
     for r in results:
         r["scaling_vs_first"] = round(r["tasks_per_minute"] / base, 2) if base and r["tasks_per_minute"] else None
-    print(json.dumps({"benchmark": "streaming", "profile": args.profile, "epochs": args.epochs, "set": overrides,
-                      "runs": results}, indent=2))
+    print(
+        json.dumps(
+            {
+                "benchmark": "streaming",
+                "profile": args.profile,
+                "epochs": args.epochs,
+                "set": overrides,
+                "runs": results,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

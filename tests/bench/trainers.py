@@ -51,11 +51,23 @@ def rollout_rows(loaded, tokens: int, rows: int = 8):
     prompts = [render_prompt(loaded.tokenizer, q) for q in QUESTIONS[: rows // 4]]
     backend = TransformersBackend(loaded.model, loaded.tokenizer, batch_size=rows)
     gens = backend.generate([p for p in prompts for _ in range(4)], SamplingConfig(max_new_tokens=tokens, seed=0))
-    return pl.DataFrame([{
-        "rollout_id": f"r{i}", "task_id": f"t{i // 4}", "group_index": i % 4, "agent_model_version": "0",
-        "prompt": g.prompt, "completion": g.text, "completion_token_ids": g.token_ids, "behaviour_logprobs": g.logprobs,
-        "reward": float(i % 2), "staleness": 0,
-    } for i, g in enumerate(gens)])
+    return pl.DataFrame(
+        [
+            {
+                "rollout_id": f"r{i}",
+                "task_id": f"t{i // 4}",
+                "group_index": i % 4,
+                "agent_model_version": "0",
+                "prompt": g.prompt,
+                "completion": g.text,
+                "completion_token_ids": g.token_ids,
+                "behaviour_logprobs": g.logprobs,
+                "reward": float(i % 2),
+                "staleness": 0,
+            }
+            for i, g in enumerate(gens)
+        ]
+    )
 
 
 def bench_generation(loaded, batch: int, tokens: int, singles: int) -> dict:
@@ -73,8 +85,13 @@ def bench_generation(loaded, batch: int, tokens: int, singles: int) -> dict:
     start = time.perf_counter()
     produced = sum(len(g.token_ids) for g in single.generate(prompts[:singles], sampling))
     single_rate = produced / (time.perf_counter() - start)
-    return {"batch": batch, "batched_tokens_per_s": round(batched_rate, 1), "single_tokens_per_s": round(single_rate, 1),
-            "ratio": round(batched_rate / single_rate, 2), "target_ratio": 8.0}
+    return {
+        "batch": batch,
+        "batched_tokens_per_s": round(batched_rate, 1),
+        "single_tokens_per_s": round(single_rate, 1),
+        "ratio": round(batched_rate / single_rate, 2),
+        "target_ratio": 8.0,
+    }
 
 
 def bench_grpo_step(loaded, tokens: int, repeats: int) -> dict:
@@ -109,8 +126,14 @@ def bench_grpo_step(loaded, tokens: int, repeats: int) -> dict:
         trainer.train(rows)
         grpo.append(time.perf_counter() - start)
     p, g = statistics.median(plain), statistics.median(grpo)
-    return {"rows": rows.height, "completion_tokens": int(batch.completion_mask.sum()), "plain_step_s": round(p, 3),
-            "grpo_step_s": round(g, 3), "ratio": round(g / p, 3), "target_ratio": 1.2}
+    return {
+        "rows": rows.height,
+        "completion_tokens": int(batch.completion_mask.sum()),
+        "plain_step_s": round(p, 3),
+        "grpo_step_s": round(g, 3),
+        "ratio": round(g / p, 3),
+        "target_ratio": 1.2,
+    }
 
 
 def grpo_rss_child(model: str, tokens: int, queue) -> None:
@@ -138,8 +161,12 @@ def data_parallel_update(model: str, tokens: int, rows_per_device: int) -> None:
     loaded = load_model(model)
     rows = rollout_rows(loaded, tokens, rows=16)
     group = accelerator(cpu=True)
-    trainer = GRPOTrainer(loaded.model, loaded.tokenizer, GRPOConfig(per_device_train_batch_size=rows_per_device,
-                                                                     loss_type="grpo"), accelerator=group)
+    trainer = GRPOTrainer(
+        loaded.model,
+        loaded.tokenizer,
+        GRPOConfig(per_device_train_batch_size=rows_per_device, loss_type="grpo"),
+        accelerator=group,
+    )
     start = time.perf_counter()
     trainer.train(rows)
     if group is None or group.is_main_process:
@@ -160,13 +187,16 @@ def bench_shared_prefix(loaded, repeats: int) -> dict:
     prompts = [render_prompt(loaded.tokenizer, domain.agent_prompt(t), system=domain.agent_system) for t in tasks]
     backend = TransformersBackend(loaded.model, loaded.tokenizer, batch_size=32)
     group = config.group_size
-    samples = backend.generate([p for p in prompts for _ in range(group)],
-                               SamplingConfig(max_new_tokens=config.agent_max_new_tokens, seed=0))
+    samples = backend.generate(
+        [p for p in prompts for _ in range(group)], SamplingConfig(max_new_tokens=config.agent_max_new_tokens, seed=0)
+    )
     default_shape = ([s.prompt_token_ids for s in samples], [s.token_ids for s in samples])
     g = torch.Generator().manual_seed(0)
     reference = [torch.randint(3, 5000, (100,), generator=g).tolist() for _ in range(8)]
-    reference_shape = ([p for p in reference for _ in range(4)],
-                       [torch.randint(3, 5000, (12,), generator=g).tolist() for _ in range(32)])
+    reference_shape = (
+        [p for p in reference for _ in range(4)],
+        [torch.randint(3, 5000, (12,), generator=g).tolist() for _ in range(32)],
+    )
 
     def timed(batch) -> tuple[float, torch.Tensor]:
         loaded.model.zero_grad(set_to_none=True)
@@ -189,11 +219,16 @@ def bench_shared_prefix(loaded, repeats: int) -> dict:
             shared_s.append(seconds)
         real = packed.completion_mask.bool()
         p, s = statistics.median(packed_s), statistics.median(shared_s)
-        out[name] = {"rows": len(prompt_ids), "prompts": shared.prompt_ids.shape[0],
-                     "prompt_tokens_mean": round(sum(map(len, prompt_ids)) / len(prompt_ids), 1),
-                     "completion_tokens_mean": round(float(packed.completion_mask.sum()) / len(prompt_ids), 1),
-                     "packed_s": round(p, 3), "shared_prefix_s": round(s, 3), "speedup": round(p / s, 2),
-                     "max_logprob_difference": float((packed_logps[real] - shared_logps[real]).abs().max())}
+        out[name] = {
+            "rows": len(prompt_ids),
+            "prompts": shared.prompt_ids.shape[0],
+            "prompt_tokens_mean": round(sum(map(len, prompt_ids)) / len(prompt_ids), 1),
+            "completion_tokens_mean": round(float(packed.completion_mask.sum()) / len(prompt_ids), 1),
+            "packed_s": round(p, 3),
+            "shared_prefix_s": round(s, 3),
+            "speedup": round(p / s, 2),
+            "max_logprob_difference": float((packed_logps[real] - shared_logps[real]).abs().max()),
+        }
     loaded.model.zero_grad(set_to_none=True)
     return out
 
@@ -233,9 +268,14 @@ def bench_epoch(profile: str) -> dict:
             seconds[layout]["agent_update"] = metrics[0].updates.get("agent", "")
             seconds[layout]["response_tokens"] = metrics[0].response_tokens
         trainers.grpo.pack_shared = shared_prefix
-    return {"profile": profile, **seconds,
-            "train_agent_speedup": round(seconds["packed"]["train_agent"] / max(seconds["shared_prefix"]["train_agent"], 1e-9), 2),
-            "epoch_speedup": round(seconds["packed"]["epoch"] / max(seconds["shared_prefix"]["epoch"], 1e-9), 2)}
+    return {
+        "profile": profile,
+        **seconds,
+        "train_agent_speedup": round(
+            seconds["packed"]["train_agent"] / max(seconds["shared_prefix"]["train_agent"], 1e-9), 2
+        ),
+        "epoch_speedup": round(seconds["packed"]["epoch"] / max(seconds["shared_prefix"]["epoch"], 1e-9), 2),
+    }
 
 
 def bench_data_parallel(model: str, tokens: int) -> dict:
@@ -243,11 +283,20 @@ def bench_data_parallel(model: str, tokens: int) -> dict:
 
     script = [str(Path(__file__).resolve()), "--model", model, "--tokens", str(tokens), "--update-only"]
     one = subprocess.run([sys.executable, *script, "16"], capture_output=True, text=True, check=True)
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *script, "8"],
-                         capture_output=True, text=True, check=True)
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *script, "8"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     one_s = json.loads(one.stdout.strip().splitlines()[-1])["seconds"]
     two_s = json.loads(two.stdout.strip().splitlines()[-1])["seconds"]
-    return {"rows": 16, "one_process_s": round(one_s, 2), "two_processes_s": round(two_s, 2), "ratio": round(two_s / one_s, 3)}
+    return {
+        "rows": 16,
+        "one_process_s": round(one_s, 2),
+        "two_processes_s": round(two_s, 2),
+        "ratio": round(two_s / one_s, 3),
+    }
 
 
 def main() -> None:
@@ -273,8 +322,16 @@ def main() -> None:
         print(json.dumps({"threads": torch.get_num_threads(), "epoch": bench_epoch(args.profile)}, indent=2))
         return
     if args.only == "shared_prefix":
-        print(json.dumps({"model": args.model, "threads": torch.get_num_threads(),
-                          "shared_prefix": bench_shared_prefix(load_model(args.model), args.repeats)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "threads": torch.get_num_threads(),
+                    "shared_prefix": bench_shared_prefix(load_model(args.model), args.repeats),
+                },
+                indent=2,
+            )
+        )
         return
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
@@ -285,13 +342,19 @@ def main() -> None:
 
     loaded = load_model(args.model)
     result = {
-        "model": args.model, "threads": torch.get_num_threads(),
+        "model": args.model,
+        "threads": torch.get_num_threads(),
         "generation": bench_generation(loaded, args.batch, args.tokens, args.singles),
         "grpo_step": bench_grpo_step(loaded, args.tokens, args.repeats),
-        "grpo_peak_rss_mib": round(peak_mib, 1), "target_peak_rss_mib": 4096,
-        "plan": {"estimate_mib": round(estimate_mib, 1), "measured_peak_mib": round(peak_mib, 1),
-                 "libraries_mib": round(libraries_mib, 1), "measured_over_estimate": round(peak_mib / estimate_mib, 3),
-                 "target": "within 0.75-1.25"},
+        "grpo_peak_rss_mib": round(peak_mib, 1),
+        "target_peak_rss_mib": 4096,
+        "plan": {
+            "estimate_mib": round(estimate_mib, 1),
+            "measured_peak_mib": round(peak_mib, 1),
+            "libraries_mib": round(libraries_mib, 1),
+            "measured_over_estimate": round(peak_mib / estimate_mib, 3),
+            "target": "within 0.75-1.25",
+        },
         "data_parallel": bench_data_parallel(args.model, args.tokens),
         "shared_prefix": bench_shared_prefix(loaded, args.repeats),
     }

@@ -40,7 +40,10 @@ def trainers_modules():
     package = importlib.util.module_from_spec(importlib.machinery.ModuleSpec("gtrainers", None, is_package=True))
     package.__path__ = [str(ROOT / "trainers")]
     sys.modules["gtrainers"] = package
-    return {name: importlib.import_module(f"gtrainers.{name}") for name in ("models", "generation", "batching", "losses", "loop", "plan")}
+    return {
+        name: importlib.import_module(f"gtrainers.{name}")
+        for name in ("models", "generation", "batching", "losses", "loop", "plan")
+    }
 
 
 # The 7B-like model is trained as the paper profile trains Qwen2.5-7B: LoRA adapters on a bf16 base with gradient
@@ -48,12 +51,32 @@ def trainers_modules():
 LORA = {"7b"}
 
 CONFIGS = {  # Qwen2.5-like shapes; "7b" is Qwen2.5-7B's own, "small" runs anywhere
-    "small": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  vocab_size=1024),
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 vocab_size=151936, tie_word_embeddings=True),
-    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-               vocab_size=152064, tie_word_embeddings=False),
+    "small": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+    ),
+    "0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "7b": dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -86,8 +109,10 @@ def check_model(name: str, device: str, dtype: torch.dtype, m) -> dict:
     with torch.device(device):  # fp32 master weights (or a 16-bit base under LoRA); generation runs under autocast
         model = Qwen2ForCausalLM(config).to(dtype if lora else torch.float32)
     vocab = config.vocab_size
-    prompts = [" ".join(str(t) for t in torch.randint(3, vocab, (32,), generator=torch.Generator().manual_seed(i)).tolist())
-               for i in range(4)]
+    prompts = [
+        " ".join(str(t) for t in torch.randint(3, vocab, (32,), generator=torch.Generator().manual_seed(i)).tolist())
+        for i in range(4)
+    ]
     group = 4
     gen = m["generation"]
     sampling = gen.SamplingConfig(max_new_tokens=16, temperature=1.0, seed=0)
@@ -98,7 +123,9 @@ def check_model(name: str, device: str, dtype: torch.dtype, m) -> dict:
         samples = backend.generate([p for p in prompts for _ in range(group)], sampling, seeds)
     sync(device)
     gen_s = time.perf_counter() - start
-    distinct_groups = sum(len({tuple(s.token_ids) for s in samples[i * group:(i + 1) * group]}) > 1 for i in range(len(prompts)))
+    distinct_groups = sum(
+        len({tuple(s.token_ids) for s in samples[i * group : (i + 1) * group]}) > 1 for i in range(len(prompts))
+    )
 
     batching, losses, loop = m["batching"], m["losses"], m["loop"]
     tokens = batching.pack([s.prompt_token_ids for s in samples], [s.token_ids for s in samples], 0)
@@ -109,10 +136,13 @@ def check_model(name: str, device: str, dtype: torch.dtype, m) -> dict:
     # GRPO's own layout: each prompt encoded once, its group's completions on its cached keys and values.
     shared = batching.pack_shared([s.prompt_token_ids for s in samples], [s.token_ids for s in samples], 0)
     with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
-        shared_gap = ((batching.completion_logps(model, shared).cpu() - recomputed).abs() * tokens.completion_mask).max().item()
+        shared_gap = (
+            ((batching.completion_logps(model, shared).cpu() - recomputed).abs() * tokens.completion_mask).max().item()
+        )
 
-    options = loop.OptimConfig(learning_rate=1e-4, per_device_train_batch_size=len(samples), use_peft=lora,
-                               gradient_checkpointing=lora)
+    options = loop.OptimConfig(
+        learning_rate=1e-4, per_device_train_batch_size=len(samples), use_peft=lora, gradient_checkpointing=lora
+    )
     if lora:
         model = loop.with_lora(model, options)
     layouts = layout_seconds(model, device, dtype, batching, vocab)
@@ -125,8 +155,13 @@ def check_model(name: str, device: str, dtype: torch.dtype, m) -> dict:
     def grpo_step(_, net):
         with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
             logps = batching.completion_logps(net, shared)
-        return losses.grpo_loss(logps, recorded.to(logps.device), advantages.to(logps.device),
-                                tokens.completion_mask.to(logps.device), grpo_config)
+        return losses.grpo_loss(
+            logps,
+            recorded.to(logps.device),
+            advantages.to(logps.device),
+            tokens.completion_mask.to(logps.device),
+            grpo_config,
+        )
 
     def rwr_step(_, net):
         with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
@@ -155,21 +190,39 @@ def check_model(name: str, device: str, dtype: torch.dtype, m) -> dict:
     # distributions are near uniform); a misaligned position would differ by nats.
     tolerance = 1e-3 if dtype == torch.float32 else 0.25 if lora else 0.05
     return {
-        "model": name, "parameters": arch.parameters, "device": device, "dtype": str(dtype).removeprefix("torch."),
+        "model": name,
+        "parameters": arch.parameters,
+        "device": device,
+        "dtype": str(dtype).removeprefix("torch."),
         "training": "LoRA on a 16-bit base, gradient checkpointing" if lora else "full, fp32 master weights",
-        "groups_with_distinct_samples": f"{distinct_groups}/{len(prompts)}", "max_logprob_gap": round(gap, 5),
+        "groups_with_distinct_samples": f"{distinct_groups}/{len(prompts)}",
+        "max_logprob_gap": round(gap, 5),
         "shared_prefix_vs_packed_gap": round(shared_gap, 5),
-        "grpo_loss": round(grpo_metrics["loss"], 5), "rwr_loss": round(rwr_metrics["loss"], 5), "weights_moved": moved,
-        "finite": finite, "generation_tokens_per_s": round(sum(len(s.token_ids) for s in samples) / gen_s, 1),
-        "update_tokens_per_s": round(trained_tokens / train_s, 1), **layouts,
+        "grpo_loss": round(grpo_metrics["loss"], 5),
+        "rwr_loss": round(rwr_metrics["loss"], 5),
+        "weights_moved": moved,
+        "finite": finite,
+        "generation_tokens_per_s": round(sum(len(s.token_ids) for s in samples) / gen_s, 1),
+        "update_tokens_per_s": round(trained_tokens / train_s, 1),
+        **layouts,
         "peak_memory_gib": round(peak / 2**30, 2) if peak is not None else None,
         "plan_estimate_gib": round(estimate.total / 2**30, 2),
         "ok": distinct_groups == len(prompts) and gap < tolerance and shared_gap < tolerance and moved and finite,
     }
 
 
-def layout_seconds(model, device: str, dtype: torch.dtype, batching, vocab: int, repeats: int = 3,
-                   prompt_tokens: int = 100, completion_tokens: int = 12, groups: int = 8, group: int = 4) -> dict:
+def layout_seconds(
+    model,
+    device: str,
+    dtype: torch.dtype,
+    batching,
+    vocab: int,
+    repeats: int = 3,
+    prompt_tokens: int = 100,
+    completion_tokens: int = 12,
+    groups: int = 8,
+    group: int = 4,
+) -> dict:
     """Forward plus backward time of GRPO's shared-prefix layout against the packed one, by default on the
     issue's reference shape: 8 prompts of 100 tokens, G = 4 completions of 12 tokens each (the median of
     `repeats` after a warm-up)."""
@@ -178,8 +231,10 @@ def layout_seconds(model, device: str, dtype: torch.dtype, batching, vocab: int,
     prompts = [p for p in prompts for _ in range(group)]  # each group's rollouts share its prompt
     completions = [torch.randint(3, vocab, (completion_tokens,), generator=draw).tolist() for _ in prompts]
     seconds = {}
-    for name, batch in (("packed", batching.pack(prompts, completions, 0)),
-                        ("shared_prefix", batching.pack_shared(prompts, completions, 0))):
+    for name, batch in (
+        ("packed", batching.pack(prompts, completions, 0)),
+        ("shared_prefix", batching.pack_shared(prompts, completions, 0)),
+    ):
         times = []
         for _ in range(repeats + 1):
             sync(device)
@@ -191,8 +246,11 @@ def layout_seconds(model, device: str, dtype: torch.dtype, batching, vocab: int,
             times.append(time.perf_counter() - start)
             model.zero_grad(set_to_none=True)
         seconds[name] = sorted(times[1:])[len(times[1:]) // 2]
-    return {"packed_fwd_bwd_s": round(seconds["packed"], 4), "shared_prefix_fwd_bwd_s": round(seconds["shared_prefix"], 4),
-            "shared_prefix_speedup": round(seconds["packed"] / seconds["shared_prefix"], 2)}
+    return {
+        "packed_fwd_bwd_s": round(seconds["packed"], 4),
+        "shared_prefix_fwd_bwd_s": round(seconds["shared_prefix"], 4),
+        "shared_prefix_speedup": round(seconds["packed"] / seconds["shared_prefix"], 2),
+    }
 
 
 def layout_sweep(name: str, device: str, dtype: torch.dtype, m) -> None:
@@ -202,11 +260,24 @@ def layout_sweep(name: str, device: str, dtype: torch.dtype, m) -> None:
     config = Qwen2Config(**CONFIGS[name], max_position_embeddings=4096, pad_token_id=0, eos_token_id=1, bos_token_id=2)
     with torch.device(device):
         model = Qwen2ForCausalLM(config).to(torch.float32)
-    for prompt_tokens, completion_tokens, groups, group in ((100, 12, 8, 4), (256, 64, 8, 4), (512, 128, 4, 8),
-                                                            (1024, 256, 4, 8), (2048, 128, 2, 16)):
+    for prompt_tokens, completion_tokens, groups, group in (
+        (100, 12, 8, 4),
+        (256, 64, 8, 4),
+        (512, 128, 4, 8),
+        (1024, 256, 4, 8),
+        (2048, 128, 2, 16),
+    ):
         shape = dict(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, groups=groups, group=group)
-        print(json.dumps({"model": name, **shape, **layout_seconds(model, device, dtype, m["batching"], config.vocab_size,
-                                                                   **shape)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "model": name,
+                    **shape,
+                    **layout_seconds(model, device, dtype, m["batching"], config.vocab_size, **shape),
+                }
+            ),
+            flush=True,
+        )
 
 
 def sync(device: str) -> None:
@@ -219,8 +290,11 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     parser.add_argument("--small", action="store_true", help="only the small config (for a CPU)")
     parser.add_argument("--models", nargs="*", help="configs to run: small, 0.5b, 7b")
-    parser.add_argument("--layouts", action="store_true",
-                        help="only time the shared-prefix and packed layouts over a range of shapes (full fine-tuning)")
+    parser.add_argument(
+        "--layouts",
+        action="store_true",
+        help="only time the shared-prefix and packed layouts over a range of shapes (full fine-tuning)",
+    )
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: CUDA is not available here", file=sys.stderr)

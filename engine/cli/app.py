@@ -1,0 +1,92 @@
+"""The Typer apps every command registers on, and `main`, which turns the errors a user can cause into one line.
+
+An error is a user's to fix (a bad flag, path or config, a missing file, a run or version that does not exist, a
+broker that does not answer) when it is one of KNOWN_ERRORS: it is printed as one `error:` line and the command
+exits with 2. A broker or storage failure mid-command is one line too. Anything else is a bug, and keeps its
+traceback. GENENV_DEBUG=1 shows the traceback of all of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+
+import typer
+from rich.markup import escape
+
+from .options import UserError
+from .render import err
+
+app = typer.Typer(
+    help="GenEnv: co-evolving agents and environment simulators, as an event-sourced curriculum engine.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+lake_app = typer.Typer(help="Inspect the Delta lake: tables, versions, quarantine.", no_args_is_help=True)
+app.add_typer(lake_app, name="lake")
+experiment_app = typer.Typer(help="Experiments over several runs.", no_args_is_help=True)
+app.add_typer(experiment_app, name="experiment")
+audit_app = typer.Typer(help="Where a task, checkpoint or epoch came from and what it caused.", no_args_is_help=True)
+app.add_typer(audit_app, name="audit")
+
+# module -> the exceptions of it that mean "the user must change something". Looked up only in modules already
+# imported: an error of a module nobody imported cannot have been raised, and importing trainers costs torch.
+KNOWN_ERRORS = {
+    "lake": ("LakeError", "LeaseHeld", "StorageError"),
+    "streams": ("BrokerError",),
+    "trainers": ("TrainError", "CheckpointError", "ModelNotFound"),
+    "engine.coevolution.overrides": ("OverrideError",),
+    "engine.lineage": ("AuditError", "ReplayError"),
+    "engine.benchmarks": ("EvalError", "DataMissing"),
+}
+
+
+def known_errors() -> tuple[type[BaseException], ...]:
+    kinds: list[type[BaseException]] = [UserError]
+    for module, names in KNOWN_ERRORS.items():
+        if module in sys.modules:
+            kinds += [getattr(sys.modules[module], name) for name in names]
+    return tuple(kinds)
+
+
+def _on_sigterm(signum, frame):  # a normal exit, so context managers stop the local broker
+    raise SystemExit(128 + signum)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.ERROR)
+    # The CLI shows its own progress: no per-file bars from transformers / huggingface_hub (read at their import,
+    # so no need to import them here, which would slow every command's start).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    importlib.import_module("engine.cli")  # registers every command (when started as engine.cli.app:main)
+    from deltalake.exceptions import DeltaError
+    from kafka.errors import KafkaError
+
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    except (KafkaError, DeltaError) as exc:  # the broker or the storage failed mid-command
+        if os.environ.get("GENENV_DEBUG"):
+            raise
+        where = "Kafka" if isinstance(exc, KafkaError) else "Delta Lake"
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        err.print(
+            f"[bold red]error:[/] {escape(f'{where}: {exc.__class__.__name__}: {first}')} "
+            "(GENENV_DEBUG=1 shows the traceback)",
+            highlight=False,
+        )
+        sys.exit(2)
+    except Exception as exc:
+        if not isinstance(exc, known_errors()) or os.environ.get("GENENV_DEBUG"):
+            raise
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        sys.exit(2)
