@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
 from pathlib import Path
 
 import polars as pl
@@ -111,7 +112,7 @@ def test_parsers_record_why_a_generation_is_not_a_task():
     assert arith.parse("Subtract 4 from 10. What is left?", {}).reference == 6
     assert arith.parse("What is 3 plus?", {}).reason.startswith("numbers:")
     assert arith.parse("Tell me about 3 and 4.", {}).reason.startswith("operation:")
-    request = toolcall.simulator_request(__import__("random").Random(0), "none")
+    request = toolcall.simulator_request(random.Random(0), "none")
     easy, *_, hard = request.context["candidates"]
     assert toolcall.parse("please help me with something", request.context).reason.startswith("missing_value")
     call = easy["calls"][0]
@@ -308,7 +309,7 @@ def test_toolcall_seeds_can_come_from_api_bank():
 
     data = ROOT / "data" / "api-bank"
     domain = get_domain("toolcall", str(data))
-    seeds = domain.seeds(__import__("random").Random(0), 20)
+    seeds = domain.seeds(random.Random(0), 20)
     assert len(seeds) == 20 and len(domain.seed_file) > 300
     for _request, text, task in seeds:
         assert text == task.prompt and domain.check(task, domain.reference_answer(task)).success
@@ -356,3 +357,32 @@ def test_toolcall_levels_climb_a_ladder_and_the_candidates_span_it():
     top = request.context["candidates"][-1]
     text = "Please: " + " ".join(spoken(v) for c in top["calls"] for v in c["arguments"].values())
     assert toolcall.parse(text, request.context).difficulty["level"] == top["level"]
+
+
+@pytest.mark.unit
+def test_the_requests_the_seeds_teach_are_inside_the_request_grammar():
+    """The simulator is warm-started on `template_text` requests and then generates under `request_grammar`: every
+    seed request is inside the grammar (the templates' phrases, punctuation after values, a call's values in their
+    template's order), but a multi-call one whose template leaves an early call's value to the closing parenthesis;
+    and what the grammar refuses stays refused (a spelled-out call, a value missing)."""
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    from engine.domains.toolcall import template_text
+
+    domain, rng = get_domain("toolcall"), random.Random(0)
+    refused = []
+    for _ in range(100):
+        request = domain.simulator_request(rng, "none yet")
+        for spec in request.context["candidates"]:
+            text = template_text(rng, spec)
+            if not accepts(request.grammar, text):
+                refused.append((text, len(spec["calls"])))
+    assert all(calls > 1 and text.endswith(").") for text, calls in refused), refused
+    assert len(refused) < 40  # of 400 requests
+    spec = request.context["candidates"][0]
+    good = template_text(rng, spec)
+    assert accepts(request.grammar, good)
+    call = spec["calls"][0]
+    assert not accepts(request.grammar, good + f" {call['name']}(x=1)")
+    first = str(next(iter(call["arguments"].values())))
+    assert not accepts(request.grammar, good.replace(first, "").replace(first.lower(), ""))

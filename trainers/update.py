@@ -91,63 +91,28 @@ def train_update(
     the update computes in and the checkpoint is saved in (recorded in the lineage, so a replay uses it too).
     The optimiser continues the parent update's (optimizer.pt beside the parent: trainers/checkpoints.py); see
     `starting_optimizer` for when it starts afresh."""
-    if kind not in KINDS:
-        raise TrainError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
-    config = config or default_config(kind)
-    try:
-        config.check()
-        precision = precision.resolved()
-    except ValueError as exc:
-        raise TrainError(f"bad {kind} training option: {exc}") from None
-    pool = POOL_OF[kind]
-    table = POOLS[pool]
+    config, precision = checked_options(kind, config, precision)
+    table = POOLS[POOL_OF[kind]]
     pool_version = lake.version(table) if pool_version is None else pool_version
     lake.table(table, pool_version)  # raises LakeError naming the latest version when it does not exist
-
     parent = latest_version(lake, kind) if parent_version is None else parent_version
-    seen_version = None
-    if parent > 0:
-        lineage = manifest(lake, kind, parent)
-        if base_model is not None and base_model != lineage["base_model"]:
-            raise TrainError(f"{kind} v{parent} descends from {lineage['base_model']!r}, not {base_model!r}")
-        base_model = lineage["base_model"]
-        seen_version = lineage["pool_version"]
-        if seen_version > pool_version:
-            raise TrainError(
-                f"{kind} v{parent} was trained on {table}@{seen_version}, newer than the requested {pool_version}"
-            )
-    elif base_model is None:
-        raise TrainError(f"no {kind} checkpoint is registered yet: name the base model to start from")
+    base_model, seen_version = parent_lineage(lake, kind, parent, base_model, pool_version)
+    selected, dropped = update_rows(lake, kind, config, parent, pool_version, seen_version, run_id, warm_start)
+    group, precision, fsdp = processes(config, precision)
 
-    rows = new_rows(lake, pool, pool_version, seen_version)
-    if run_id is not None:
-        rows = rows.filter(pl.col("run_id") == run_id)
-    selected, dropped = select_update_rows(kind, rows, parent, config, warm_start)
-    if selected.is_empty():
-        since = f" since {table}@{seen_version} (what v{parent} saw)" if seen_version is not None else ""
-        why = f"; left out: {dict(dropped)}" if dropped else ""
-        raise TrainError(f"{table}@{pool_version} holds no rows to train the {kind} on{since}{why}")
-
-    fsdp = getattr(config, "fsdp", "") if distributed.world_size() > 1 else ""
-    try:
-        distributed.check_sharding(fsdp, precision.device)
-    except ValueError as exc:
-        raise TrainError(str(exc)) from None
-    group = distributed.accelerator(cpu=precision.device == "cpu", fsdp=fsdp)
-    if group is not None:
-        device = "cpu" if group.device.type == "cpu" else str(group.device)  # each rank on its own device
-        precision = Precision(device, precision.dtype)
+    # The parent, verified against its sha256; where its optimiser stands; the KL term's reference.
     loaded = load_checkpoint(lake, kind, parent, base_model, master_weights(precision, config))
     state = starting_optimizer(lake, kind, parent, config, warm_start, fsdp)
     ref = reference_model(lake, kind, parent, base_model, config, precision)
     model, metrics, weights = fit(loaded, selected, dropped, config, ref, warm_start, progress, precision, group, state)
+
+    # The child: the next version, saved whole with its lineage and optimiser state, its files published.
     version = max(parent, latest_version(lake, kind)) + 1
     if group is not None:
         from accelerate.utils import broadcast_object_list
 
         version = broadcast_object_list([version])[0]  # rank 0's answer, should the registry move meanwhile
         metrics["processes"] = group.num_processes
-    target = checkpoint_dir(lake, kind, version)
     record = CheckpointRecord(
         model_kind=kind,
         version=version,
@@ -163,6 +128,7 @@ def train_update(
     )
     lineage = {**asdict(record), "config": asdict(config), "precision": asdict(precision)}
     lineage.pop("sha256")
+    target = checkpoint_dir(lake, kind, version)
     if group is None or group.is_main_process:
         saved = None if warm_start else state  # a warm start's optimiser is another objective's: never continued
         record.sha256 = save_checkpoint(model, loaded.tokenizer, target, lineage, state_dict=weights, optimizer=saved)
@@ -171,6 +137,79 @@ def train_update(
         group.wait_for_everyone()  # the other ranks read rank 0's file, never write one
         record.sha256 = weights_digest(target)
     return record
+
+
+def checked_options(kind: str, config, precision: Precision):
+    """The update's config (the kind's default when None) and resolved precision, or a TrainError naming what is
+    wrong with them."""
+    if kind not in KINDS:
+        raise TrainError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
+    config = config or default_config(kind)
+    try:
+        config.check()
+        return config, precision.resolved()
+    except ValueError as exc:
+        raise TrainError(f"bad {kind} training option: {exc}") from None
+
+
+def parent_lineage(
+    lake: Lake, kind: str, parent: int, base_model: str | None, pool_version: int
+) -> tuple[str, int | None]:
+    """(the base model the parent descends from, the pool version it was trained on: None for the base model),
+    or a TrainError when the request contradicts the lineage."""
+    table = POOLS[POOL_OF[kind]]
+    if parent == 0:
+        if base_model is None:
+            raise TrainError(f"no {kind} checkpoint is registered yet: name the base model to start from")
+        return base_model, None
+    lineage = manifest(lake, kind, parent)
+    if base_model is not None and base_model != lineage["base_model"]:
+        raise TrainError(f"{kind} v{parent} descends from {lineage['base_model']!r}, not {base_model!r}")
+    seen_version = lineage["pool_version"]
+    if seen_version > pool_version:
+        raise TrainError(
+            f"{kind} v{parent} was trained on {table}@{seen_version}, newer than the requested {pool_version}"
+        )
+    return lineage["base_model"], seen_version
+
+
+def update_rows(
+    lake: Lake,
+    kind: str,
+    config,
+    parent: int,
+    pool_version: int,
+    seen_version: int | None,
+    run_id: str | None,
+    warm_start: bool,
+) -> tuple[pl.DataFrame, Counter]:
+    """The rows the update trains on (new since the parent's pool version, of the run when one is named) and the
+    others counted by why; a TrainError when none is left."""
+    pool = POOL_OF[kind]
+    rows = new_rows(lake, pool, pool_version, seen_version)
+    if run_id is not None:
+        rows = rows.filter(pl.col("run_id") == run_id)
+    selected, dropped = select_update_rows(kind, rows, parent, config, warm_start)
+    if selected.is_empty():
+        table = POOLS[pool]
+        since = f" since {table}@{seen_version} (what v{parent} saw)" if seen_version is not None else ""
+        why = f"; left out: {dict(dropped)}" if dropped else ""
+        raise TrainError(f"{table}@{pool_version} holds no rows to train the {kind} on{since}{why}")
+    return selected, dropped
+
+
+def processes(config, precision: Precision):
+    """(the Accelerator of a multi-process update or None, this rank's precision, the FSDP mode or "")."""
+    fsdp = getattr(config, "fsdp", "") if distributed.world_size() > 1 else ""
+    try:
+        distributed.check_sharding(fsdp, precision.device)
+    except ValueError as exc:
+        raise TrainError(str(exc)) from None
+    group = distributed.accelerator(cpu=precision.device == "cpu", fsdp=fsdp)
+    if group is not None:
+        device = "cpu" if group.device.type == "cpu" else str(group.device)  # each rank on its own device
+        precision = Precision(device, precision.dtype)
+    return group, precision, fsdp
 
 
 def select_update_rows(

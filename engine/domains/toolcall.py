@@ -23,6 +23,7 @@ never (docs/RESULTS.md, "Which domain learns on CPU").
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import random
 from pathlib import Path
@@ -311,35 +312,45 @@ def template_text(rng: random.Random, spec: dict) -> str:
     return f"{text.rstrip('.?')} ({', '.join(missing)})." if missing else text
 
 
-FREE_TEXT = 20  # characters of the simulator's own words between two values (the grammar's bound)
-WORDS = "[A-Za-z,.:'?! ]"  # what its words are made of: no digits (a stray number reads as a value), no parentheses
+FREE_TEXT = 48  # characters of the simulator's own words in one run (the grammar's bound)
 
 
 def request_grammar(candidates: list[dict]) -> str:
-    """The form every valid request has: one candidate's values in order (each as the call has it or in its spoken
-    form), with the simulator's own words around them: runs of at most FREE_TEXT letters, spaces and punctuation
-    (WORDS), a value set apart from the words beside it by a space. Words, not any printable text: under a looser
-    grammar the 135M simulator filled the runs with junk ("peopleUS dollars", stray digits) that the agent could not
-    read, so the two-call tasks it wrote were never solved (docs/RESULTS.md). Which candidate's values it writes is
-    still the simulator's choice, and the bounded runs leave room for every value within env_max_new_tokens. An
-    EBNF grammar for xgrammar."""
+    """The form every valid request has: one candidate's values (each as the call has it or in its spoken form),
+    call by call in the candidate's order, a call's values in any order, with the simulator's own words around them:
+    runs of at most FREE_TEXT letters, digits, spaces and punctuation that begin with a letter or "(" and hold no
+    underscore, so no function name and no spelled-out call (which the parser refuses). A value may be followed by
+    punctuation, and is set apart from the words after it by a space.
+
+    The requests the seeds teach (`template_text`) are in this form, except a multi-call one whose template leaves
+    a value of an early call to the parenthesis at its end (tests/test_engine.py): what the warm start taught the
+    simulator is what the grammar lets it write. A first grammar did not allow the templates' punctuation after a
+    value nor their longer phrases, and the simulator's requests under it were junk the agent could not read
+    (docs/RESULTS.md). Which candidate's values it writes is still the simulator's choice, and the bounded runs leave
+    room for every value within env_max_new_tokens. An EBNF grammar for xgrammar."""
 
     def value(v) -> str:
         return "(" + " | ".join(json.dumps(form) for form in sorted({str(v), spoken(v)})) + ")"
 
+    def call(values: list) -> str:
+        orders = list(dict.fromkeys(itertools.permutations(values)))
+        return "(" + " | ".join(" gap ".join(value(v) for v in order) for order in orders) + ")"
+
     rules = [
         f"candidate{i} ::= opening "
-        + " gap ".join(value(v) for c in spec["calls"] for v in c["arguments"].values())
+        + " gap ".join(call(list(c["arguments"].values())) for c in spec["calls"])
         + " closing"
         for i, spec in enumerate(candidates)
     ]
+    words = f"[A-Za-z(] [A-Za-z0-9,.:;'?!() ]{{0,{FREE_TEXT - 1}}}"
     return "\n".join(
         [
             f"root ::= {' | '.join(f'candidate{i}' for i in range(len(candidates)))}",
             *rules,
-            f'opening ::= ([A-Za-z] {WORDS}{{0,{FREE_TEXT - 2}}} " ")?',
-            f'gap ::= " " | " " [A-Za-z,.:\'?!] {WORDS}{{0,{FREE_TEXT - 2}}} " "',
-            f'closing ::= [.?!]? | " " {WORDS}{{0,{FREE_TEXT - 2}}} [.?!]',
+            f"words ::= {words}",
+            'opening ::= (words " ")?',
+            'gap ::= [,.:;?!)]{0,2} " " (words " ")?',
+            'closing ::= [).?!]{0,2} | [,.:;]? " " words',
         ]
     )
 

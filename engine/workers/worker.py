@@ -254,6 +254,63 @@ class RolloutWorker(Worker):
         return [t for t in tasks if t.task_id not in done]
 
 
+@dataclasses.dataclass
+class PendingGroups:
+    """What a reward worker holds between polls: the tasks of its partitions whose groups are not complete, their
+    rollouts' successes so far, the rollouts whose task has not come yet, and the tasks it has scored. A task
+    leaves it whole (`finish`), or with its partition (`forget`)."""
+
+    tasks: dict[str, GeneratedTask] = dataclasses.field(default_factory=dict)
+    partition: dict[str, int] = dataclasses.field(default_factory=dict)  # task id -> partition (same in both topics)
+    successes: dict[str, dict[str, bool]] = dataclasses.field(default_factory=dict)  # task id -> rollout id -> success
+    early: list = dataclasses.field(default_factory=list)  # (message, rollout) whose task has not come yet
+    scored: set[str] = dataclasses.field(default_factory=set)
+
+    def add_task(self, task: GeneratedTask, partition: int) -> None:
+        self.tasks.setdefault(task.task_id, task)  # a task written again after a restart: the first counts
+        self.partition[task.task_id] = partition
+
+    def add_rollout(self, message, rollout) -> None:
+        self.early.append((message, rollout))
+        self.partition[rollout.task_id] = message.partition
+
+    def score_arrived(self, reward) -> list:
+        """Score the rollouts whose task is here (`reward(task, rollout)`), once each: a repeat (a restarted rollout
+        worker's) is skipped, as the lake keeps the first; the others wait."""
+        out, waiting = [], []
+        for message, rollout in self.early:
+            task = self.tasks.get(rollout.task_id)
+            if task is None:
+                waiting.append((message, rollout))
+                continue
+            done = self.successes.setdefault(rollout.task_id, {})
+            if rollout.rollout_id not in done:
+                scored = reward(task, rollout)
+                out.append(scored)
+                done[rollout.rollout_id] = scored.success
+        self.early = waiting
+        return out
+
+    def complete(self, group_size: int) -> list[tuple[GeneratedTask, list[bool]]]:
+        """The tasks whose every rollout is scored, with their successes."""
+        return [(self.tasks[t], list(done.values())) for t, done in self.successes.items() if len(done) >= group_size]
+
+    def finish(self, task_id: str) -> None:
+        self.scored.add(task_id)
+        for table in (self.tasks, self.partition, self.successes):
+            table.pop(task_id, None)
+
+    def forget(self, partitions: set[int]) -> None:
+        """Drop what came from partitions taken away (their new owner reads it again)."""
+        for task_id in [t for t, p in self.partition.items() if p in partitions]:
+            for table in (self.tasks, self.partition, self.successes):
+                table.pop(task_id, None)
+        self.early = [(m, r) for m, r in self.early if m.partition not in partitions]
+
+    def waiting_task_ids(self) -> set[str]:
+        return {r.task_id for _, r in self.early}
+
+
 class RewardWorker(Worker):
     """Scores every rollout of its partitions, and each task with the curriculum once its group is complete. A
     task's message and its rollouts' are held (not committed) until then: streams/offsets.py."""
@@ -264,11 +321,7 @@ class RewardWorker(Worker):
 
     def reset(self) -> None:
         self.held = HeldOffsets()
-        self.tasks: dict[str, GeneratedTask] = {}
-        self.partition: dict[str, int] = {}  # task id -> its partition number (the same in both topics)
-        self.successes: dict[str, dict[str, bool]] = {}  # task id -> rollout id -> success
-        self.early: list = []  # (message, rollout) whose task has not come yet
-        self.scored: set[str] = set()
+        self.pending = PendingGroups()
         self.rewind: dict[TopicPartition, int] = {}
 
     def listener(self):
@@ -291,12 +344,8 @@ class RewardWorker(Worker):
         if offsets:
             self.commit(offsets)
             self.held.committed(offsets)
-        numbers = {tp.partition for tp in revoked}
         self.rewind.update({tp: meta.offset for tp, meta in offsets.items() if tp in revoked})
-        for task_id in [t for t, p in self.partition.items() if p in numbers]:
-            for table in (self.tasks, self.partition, self.successes):
-                table.pop(task_id, None)
-        self.early = [(m, r) for m, r in self.early if m.partition not in numbers]
+        self.pending.forget({tp.partition for tp in revoked})
         self.held.forget(revoked)
 
     def loop(self, consumer, stop: Stop) -> None:
@@ -306,33 +355,17 @@ class RewardWorker(Worker):
             for messages in consumer.poll(timeout_ms=500).values():
                 for message in messages:
                     self.take(message)
-            out = []
-            waiting = []
-            for message, rollout in self.early:
-                task = self.tasks.get(rollout.task_id)
-                if task is None:
-                    waiting.append((message, rollout))
-                    continue
-                done = self.successes.setdefault(rollout.task_id, {})
-                if rollout.rollout_id in done:
-                    continue  # a repeat (a restarted rollout worker's): the first counts, as in the lake
-                reward = scorer.reward(task, rollout, producer=self.name)
-                out.append(reward)
-                done[rollout.rollout_id] = reward.success
-            self.early = waiting
+            out = self.pending.score_arrived(lambda task, rollout: scorer.reward(task, rollout, producer=self.name))
             # Streaming scores each task as soon as its group is complete (task granularity): a batch's
             # membership is not known until the simulator's round is over.
-            for task_id, done in list(self.successes.items()):
-                if len(done) < self.config.group_size:
-                    continue
-                task = self.tasks[task_id]
+            for task, successes in self.pending.complete(self.config.group_size):
                 out += scorer.groups(
-                    [task], {task_id: list(done.values())}, task.epoch, granularity="task", producer=self.name
+                    [task], {task.task_id: successes}, task.epoch, granularity="task", producer=self.name
                 )
-                self.finished(task_id)
+                self.finished(task.task_id)
             if out:
                 self.publish(out)
-            if self.early and time.monotonic() - looked > IDLE_S:
+            if self.pending.early and time.monotonic() - looked > IDLE_S:
                 looked = time.monotonic()
                 self.drop_scored_elsewhere()
             offsets = self.held.to_commit()
@@ -342,7 +375,7 @@ class RewardWorker(Worker):
 
     def take(self, message) -> None:
         event = run_event(message, self.run_id)
-        if event is None or event.task_id in self.scored or event.KIND not in ("task", "rollout"):
+        if event is None or event.task_id in self.pending.scored or event.KIND not in ("task", "rollout"):
             self.held.seen(message)
             return
         if event.KIND == "task":
@@ -350,27 +383,24 @@ class RewardWorker(Worker):
             if isinstance(task.parsed, Invalid):  # no rollouts will come for it
                 self.held.seen(message)
                 return
-            self.tasks.setdefault(event.task_id, task)  # a task written again after a restart: the first counts
+            self.pending.add_task(task, message.partition)
         else:
-            self.early.append((message, event))
-        self.partition[event.task_id] = message.partition
+            self.pending.add_rollout(message, event)
         self.held.hold(message, event.task_id)
 
     def finished(self, task_id: str) -> None:
-        self.scored.add(task_id)
+        self.pending.finish(task_id)
         self.held.release(task_id)
-        for table in (self.tasks, self.partition, self.successes):
-            table.pop(task_id, None)
 
     def drop_scored_elsewhere(self) -> None:
         """Rollouts whose task never comes: repeats of rollouts of a task scored before this worker started (its
         task message was committed past). The lake says which; they need no second score."""
-        waiting = {r.task_id for _, r in self.early}
+        waiting = self.pending.waiting_task_ids()
         scored = RunRows(self.lake, self.run_id).scored_ids().filter(pl.col("task_id").is_in(list(waiting)))
         done = set(scored.collect()["task_id"].to_list())
         for task_id in done:
             self.finished(task_id)
-        self.early = [(m, r) for m, r in self.early if r.task_id not in done]
+        self.pending.early = [(m, r) for m, r in self.pending.early if r.task_id not in done]
 
 
 class TrainerWorker(Worker):
