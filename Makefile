@@ -25,12 +25,17 @@ $(STAMP): pyproject.toml Makefile
 run: install
 	$(BIN)/genenv run
 
+# Tests in WORKERS processes (pytest-xdist): most of a test's time is a broker, a subprocess or a wait, so on 2
+# cores 3 workers keep them busy. A quick run's tests share one worker, and so one quick run.
+WORKERS ?= 3
+PYTEST := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup
+
 test: install
-	$(BIN)/pytest -q
+	$(PYTEST)
 
 # Unit and integration tiers only: no whole runs, replays, browser or multi-process tests (docs/HACKING.md).
 test-fast: install
-	$(BIN)/pytest -q -m "not e2e"
+	$(PYTEST) -m "not e2e"
 
 lint: install
 	$(BIN)/ruff check .

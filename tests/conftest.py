@@ -24,6 +24,7 @@ from streams import LocalBroker, ensure_topics  # noqa: E402
 TIERS = ("unit", "integration", "e2e")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Every test is in exactly one tier (docs/HACKING.md), so that `-m "not e2e"` and `-m unit` mean what they say."""
     wrong = [
@@ -31,6 +32,9 @@ def pytest_collection_modifyitems(config, items):
         for item in items
         if len(tiers := sorted({m.name for m in item.iter_markers() if m.name in TIERS})) != 1
     ]
+    for item in items:  # one quick run per session: with pytest-xdist, its tests all go to one worker
+        if "quick_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("quick_run"))
     if wrong:
         raise pytest.UsageError(
             "tests must carry exactly one tier marker (unit, integration, e2e): " + "; ".join(wrong)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import genenv_cli
+from conftest import ROOT, genenv_cli
 
 from engine.coevolution import (
     CurriculumConfig,
@@ -386,3 +386,11 @@ def test_the_requests_the_seeds_teach_are_inside_the_request_grammar():
     assert not accepts(request.grammar, good + f" {call['name']}(x=1)")
     first = str(next(iter(call["arguments"].values())))
     assert not accepts(request.grammar, good.replace(first, "").replace(first.lower(), ""))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_every_file_in_configs_loads_and_says_what_it_is_for(path):
+    assert path.read_text().startswith("#"), "a config file opens with a comment saying what it is for"
+    for profile in ("default", "paper"):
+        load_config(profile, path)

@@ -15,7 +15,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import tomli_w
 
@@ -27,13 +27,14 @@ from ..domains import DOMAINS, get_domain
 from .curriculum import CurriculumConfig
 from .overrides import OverrideError, apply_values, parse_pairs
 
-MODES = ("genenv", "genenv-random", "genenv-static", "seeds-only")
+Mode = Literal["genenv", "genenv-random", "genenv-static", "seeds-only"]  # docs/DESIGN.md, "Modes and the ablation"
+MODES = get_args(Mode)
 
 
 @dataclass
 class RunConfig:
     domain: str = "toolcall"  # the domain where a measured CPU run shows learning (docs/RESULTS.md)
-    mode: Literal["genenv", "genenv-random", "genenv-static", "seeds-only"] = "genenv"
+    mode: Mode = "genenv"
     epochs: int = 6  # 0: until stopped (async runs only; SIGTERM or Ctrl-C stops them cleanly)
     tasks_per_epoch: int = 8  # simulator generations per epoch
     batch_size: int = 4  # tasks per curriculum batch (granularity "batch")
