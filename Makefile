@@ -25,9 +25,9 @@ $(STAMP): pyproject.toml Makefile
 run: install
 	$(BIN)/genenv run
 
-# Tests in WORKERS processes (pytest-xdist): most of a test's time is a broker, a subprocess or a wait, so on 2
-# cores 3 workers keep them busy. A quick run's tests share one worker, and so one quick run.
-WORKERS ?= 3
+# Tests in WORKERS processes (pytest-xdist): run one at a time, the suite keeps about one of 2 cores busy (most of
+# a test's time is a broker, a subprocess or a wait). A quick run's tests share one worker, and so one quick run.
+WORKERS ?= 2
 PYTEST := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup
 
 test: install

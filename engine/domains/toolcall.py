@@ -312,13 +312,16 @@ def template_text(rng: random.Random, spec: dict) -> str:
     return f"{text.rstrip('.?')} ({', '.join(missing)})." if missing else text
 
 
-FREE_TEXT = 48  # characters of the simulator's own words in one run (the grammar's bound)
+FREE_TEXT = 44  # characters of the simulator's own words in one run around or between calls (the grammar's bound)
+NEAR_TEXT = 16  # ... and between two values of one call (" to ", " people at ", " the message: ")
+MAX_REQUEST = 500  # characters: more than the longest request the grammar allows (three calls, seven values)
 
 
 def request_grammar(candidates: list[dict]) -> str:
     """The form every valid request has: one candidate's values (each as the call has it or in its spoken form),
     call by call in the candidate's order, a call's values in any order, with the simulator's own words around them:
-    runs of at most FREE_TEXT letters, digits, spaces and punctuation that begin with a letter or "(" and hold no
+    runs of at most FREE_TEXT (NEAR_TEXT between two values of one call) letters, digits, spaces and punctuation
+    that begin with a letter or "(" and hold no
     underscore, so no function name and no spelled-out call (which the parser refuses). A value may be followed by
     punctuation, and is set apart from the words after it by a space.
 
@@ -334,7 +337,7 @@ def request_grammar(candidates: list[dict]) -> str:
 
     def call(values: list) -> str:
         orders = list(dict.fromkeys(itertools.permutations(values)))
-        return "(" + " | ".join(" gap ".join(value(v) for v in order) for order in orders) + ")"
+        return "(" + " | ".join(" near ".join(value(v) for v in order) for order in orders) + ")"
 
     rules = [
         f"candidate{i} ::= opening "
@@ -343,13 +346,16 @@ def request_grammar(candidates: list[dict]) -> str:
         for i, spec in enumerate(candidates)
     ]
     words = f"[A-Za-z(] [A-Za-z0-9,.:;'?!() ]{{0,{FREE_TEXT - 1}}}"
+    few = f"[A-Za-z(] [A-Za-z0-9,.:;'?!() ]{{0,{NEAR_TEXT - 1}}}"  # between two values of one call
     return "\n".join(
         [
             f"root ::= {' | '.join(f'candidate{i}' for i in range(len(candidates)))}",
             *rules,
             f"words ::= {words}",
             'opening ::= (words " ")?',
+            f"few ::= {few}",
             'gap ::= [,.:;?!)]{0,2} " " (words " ")?',
+            'near ::= [,.:;?!)]{0,2} " " (few " ")?',
             'closing ::= [).?!]{0,2} | [,.:;]? " " words',
         ]
     )
@@ -405,8 +411,8 @@ class ToolCall:
     def parse(self, generation: str, context: dict) -> Task | Invalid:
         """The candidate whose every value the request carries (the most specific one if several do)."""
         text = generation.strip().split("\n")[0].strip()
-        if not 8 <= len(text) <= 300:
-            return Invalid(f"length: the request has {len(text)} characters, expected 8 to 300")
+        if not 8 <= len(text) <= MAX_REQUEST:
+            return Invalid(f"length: the request has {len(text)} characters, expected 8 to {MAX_REQUEST}")
         lowered = text.lower()
         best, best_missing = None, None
         for spec in context["candidates"]:
