@@ -112,11 +112,20 @@ def quick_run(tmp_path_factory):
     """One `genenv run --profile quick` (tiny models, through the real broker into a real lake), shared by the
     engine's end-to-end tests and the audit/replay tests: (lake, stdout)."""
     root = tmp_path_factory.mktemp("quick") / "lake"
-    # A KL term (beta), with the groups whose rewards all agree kept (the quick profile's filter_groups = false),
-    # makes every GRPO update move the weights even when a tiny model's groups are all right or all wrong (zero
-    # advantages), so replaying an epoch has real updates to reproduce.
+    # A tiny model's groups are almost all right or all wrong (zero advantages), and the KL term's reference is the
+    # warm start, where the first update begins (zero KL gradient): AdamW's weight decay makes every GRPO update
+    # move the weights anyway, so replaying an epoch has real updates to reproduce; beta keeps the KL term in them.
+    sets = ["agent.beta=0.04", "agent.weight_decay=0.01"]
     result = genenv_cli(
-        "run", "--profile", "quick", "--lake", str(root), "--seed", "1", "--set", "agent.beta=0.04", timeout=900
+        "run",
+        "--profile",
+        "quick",
+        "--lake",
+        str(root),
+        "--seed",
+        "1",
+        *[a for s in sets for a in ("--set", s)],
+        timeout=900,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return Lake(root, create=False), result.stdout
