@@ -26,7 +26,7 @@ run: install
 	$(BIN)/genenv run
 
 # Tests in WORKERS processes (pytest-xdist; a quick run's tests share one worker, and so one quick run). On 2 cores
-# 2 workers were not faster than 1 (CI: 41 min against 27; docs/HACKING.md): use more where there are more cores.
+# 2 workers were not faster than 1 (41 min, other work sharing the cores, against 27): more where there are more cores.
 WORKERS ?= 1
 PYTEST := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup
 
