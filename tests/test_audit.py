@@ -293,3 +293,21 @@ def test_a_bf16_run_on_the_cpu_trains_and_replays_bit_identically(tmp_path):
     answer = json.loads(replay.stdout[replay.stdout.index("{") :])
     assert answer["ok"] and len(answer["checkpoints"]) == registered.height
     assert all(c["replayed_sha256"] == c["recorded_sha256"] for c in answer["checkpoints"])
+
+
+def test_kl_terms_are_held_near_the_warm_start_recorded_in_each_lineage(quick_run):
+    """Every update after a warm start records that warm start as the reference of its KL term (GRPO's beta is on in
+    the quick run), so its child finds it in one read; the warm start itself is held near the base model."""
+    from trainers import manifest
+
+    lake, _ = quick_run
+    registered = read_table(lake, CHECKPOINTS).filter(pl.col("run_id") == run_of(lake))
+    for row in registered.sort("version").iter_rows(named=True):
+        lineage = manifest(lake, row["model_kind"], row["version"])
+        parent = manifest(lake, row["model_kind"], row["parent_version"]) if row["parent_version"] else None
+        if parent is None:
+            assert lineage["reference_version"] == 0
+        elif parent["metrics"]["warm_start"]:
+            assert lineage["reference_version"] == row["parent_version"]
+        else:
+            assert lineage["reference_version"] == parent["reference_version"] > 0

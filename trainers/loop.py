@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from .batching import completion_logps
+
 Progress = Callable[[int, int], None]  # (micro-batches done, total)
 FSDP_MODES = ("", "full_shard", "shard_grad_op")  # TrainingArguments' names; "": DDP
 SCHEDULES = ("constant", "constant_with_warmup", "linear", "cosine")  # TrainingArguments' lr_scheduler_type names
@@ -241,8 +243,6 @@ class Trainer:
         """The reference model's log-probabilities of a micro-batch's completions, when there is a KL term."""
         if not getattr(self.config, self.kl_option, 0):
             return None
-        from .batching import completion_logps
-
         with torch.no_grad(), self.compute():
             return completion_logps(self.ref_model, tokens, *args).cpu()
 

@@ -103,7 +103,8 @@ def train_update(
     # The parent, verified against its sha256; where its optimiser stands; the KL term's reference.
     loaded = load_checkpoint(lake, kind, parent, base_model, master_weights(precision, config))
     state = starting_optimizer(lake, kind, parent, config, warm_start, fsdp)
-    ref = reference_model(lake, kind, parent, base_model, config, precision)
+    reference = reference_version(lake, kind, parent)
+    ref = reference_model(lake, kind, reference, base_model, config, precision)
     model, metrics, weights = fit(loaded, selected, dropped, config, ref, warm_start, progress, precision, group, state)
 
     # The child: the next version, saved whole with its lineage and optimiser state, its files published.
@@ -126,7 +127,12 @@ def train_update(
         seed=config.seed,
         metrics=metrics,
     )
-    lineage = {**asdict(record), "config": asdict(config), "precision": asdict(precision)}
+    lineage = {
+        **asdict(record),
+        "config": asdict(config),
+        "precision": asdict(precision),
+        "reference_version": reference,
+    }
     lineage.pop("sha256")
     target = checkpoint_dir(lake, kind, version)
     if group is None or group.is_main_process:
@@ -239,22 +245,22 @@ def reference_version(lake: Lake, kind: str, parent: int) -> int:
     """The model a KL term (GRPO's beta, RWR's kl_coef) holds an update near: the newest warm start among the parent's
     ancestors (the parent included), else the base model (version 0). Not the base model after a warm start: for
     the agent that is a model that cannot call tools yet, and a pull towards it undoes what the warm start taught."""
-    version = parent
-    while version > 0:
-        lineage = manifest(lake, kind, version)
-        if lineage.get("metrics", {}).get("warm_start"):
-            return version
-        version = lineage["parent_version"]
-    return 0
+    if parent == 0:
+        return 0
+    lineage = manifest(lake, kind, parent)
+    if lineage.get("metrics", {}).get("warm_start"):
+        return parent
+    if "reference_version" in lineage:  # what the parent's own update was held near (recorded in its genenv.json)
+        return lineage["reference_version"]
+    return reference_version(lake, kind, lineage["parent_version"])  # a checkpoint from before it was recorded
 
 
-def reference_model(lake: Lake, kind: str, parent: int, base_model: str, config, precision: Precision):
-    """The KL term's reference model (`reference_version`), in eval mode, or None when the config has no KL term."""
+def reference_model(lake: Lake, kind: str, version: int, base_model: str, config, precision: Precision):
+    """The KL term's reference model, checkpoint `version` (`reference_version`), in eval mode; None when the config
+    has no KL term."""
     if not (getattr(config, "beta", 0) or getattr(config, "kl_coef", 0)):
         return None
-    return load_checkpoint(
-        lake, kind, reference_version(lake, kind, parent), base_model, precision.resolved()
-    ).model.eval()
+    return load_checkpoint(lake, kind, version, base_model, precision.resolved()).model.eval()
 
 
 def master_weights(precision: Precision, config) -> Precision:

@@ -8,7 +8,6 @@ traceback. GENENV_DEBUG=1 shows the traceback of all of them.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import signal
@@ -65,7 +64,6 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     signal.signal(signal.SIGTERM, _on_sigterm)
-    importlib.import_module("engine.cli")  # registers every command (when started as engine.cli.app:main)
     from deltalake.exceptions import DeltaError
     from kafka.errors import KafkaError
 

@@ -106,11 +106,11 @@ def lake_status(lake: LakeOpt = "genenv-lake") -> None:
     """Each table with its version and row count, and the quarantine by reason."""
     lake_ = Lake(lake, create=False)
     rows = [(row["table"], str(row["version"]), f"{row['rows']:,}") for row in status(lake_)]
-    console.print(table(f"lake {lake_.root}", ("table", "version", "rows"), rows, justify="right"))
+    console.print(table(f"lake {lake_.root}", ("table", "version", "rows"), rows, numbers=2))
     reasons = quarantine_by_reason(lake_)
     if reasons:
         rows = [(reason, f"{count:,}") for reason, count in reasons.most_common()]
-        console.print(table("quarantine by reason", ("reason", "rows"), rows, justify="right"))
+        console.print(table("quarantine by reason", ("reason", "rows"), rows, numbers=1))
 
 
 @lake_app.command("versions")

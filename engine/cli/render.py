@@ -16,11 +16,11 @@ console = Console()
 err = Console(stderr=True, soft_wrap=True)
 
 
-def table(title: str, columns: list[str] | tuple[str, ...], rows, justify: str = "left", **options) -> Table:
-    """A table of string cells; `justify` applies to every column but the first."""
+def table(title: str, columns: list[str] | tuple[str, ...], rows, numbers: int = 0, **options) -> Table:
+    """A table of string cells; its last `numbers` columns hold figures, right-justified."""
     out = Table(title=title, **options)
     for i, column in enumerate(columns):
-        out.add_column(column, justify="left" if i == 0 else justify)
+        out.add_column(column, justify="right" if i >= len(columns) - numbers else "left")
     for row in rows:
         out.add_row(*row)
     return out
@@ -61,7 +61,7 @@ def run_summary(run_id: str, metrics) -> Table:
         for m in metrics
     ]
     columns = ("epoch", "agent v", "env v", "valid", "agent success", "in band", "validation acc")
-    return table(f"run {run_id}", columns, rows, justify="right")
+    return table(f"run {run_id}", columns, rows, numbers=len(columns))
 
 
 def record_table(record) -> Table:

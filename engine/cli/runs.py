@@ -141,8 +141,8 @@ def plan(
         the_plan = plan_run(cfg, gpus, gpu_memory, device=device)
     sharded = " FSDP" if cfg.agent.fsdp or cfg.env.fsdp else ""
     title = f"memory plan: {profile}, {cfg.agent_model} / {cfg.env_model}, {the_plan.dtype}, {gpus} x {device}{sharded}"
-    out = table(title, ("role", "what", "GiB per device"), [(r, w, f"{g:.2f}") for r, w, g in the_plan.rows()])
-    out.columns[1].justify = "left"
+    rows = [(role, what, f"{gib:.2f}") for role, what, gib in the_plan.rows()]
+    out = table(title, ("role", "what", "GiB per device"), rows, numbers=1)
     out.add_row("peak", "", f"{the_plan.peak / GIB:.2f}", style="bold")
     console.print(out)
     console.print(escape(the_plan.verdict()))

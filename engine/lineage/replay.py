@@ -38,6 +38,7 @@ from trainers.update import (
     master_weights,
     new_rows,
     reference_model,
+    reference_version,
     select_update_rows,
     starting_optimizer,
 )
@@ -218,7 +219,8 @@ def _retrain(
         loaded = load_checkpoint(lake, kind, plan.parent, lineage["base_model"], master_weights(precision, config))
         state = starting_optimizer(lake, kind, plan.parent, config, warm_start)  # the parent's, as the update had it
         with phase(f"retraining {kind} v{c['version']} on {selected.height} rows") as tick:
-            ref = reference_model(lake, kind, plan.parent, lineage["base_model"], config, precision)
+            reference = lineage.get("reference_version", reference_version(lake, kind, plan.parent))
+            ref = reference_model(lake, kind, reference, lineage["base_model"], config, precision)
             model, _, _ = fit(loaded, selected, dropped, config, ref, warm_start, tick, precision, state=state)
         folder = checkpoint_dir(rebuilt, kind, c["version"])
         out.replayed_sha256 = save_checkpoint(model, loaded.tokenizer, folder, {**lineage, "path": str(folder)})

@@ -308,7 +308,12 @@ class PendingGroups:
         self.early = [(m, r) for m, r in self.early if m.partition not in partitions]
 
     def waiting_task_ids(self) -> set[str]:
+        """The tasks that early rollouts wait for."""
         return {r.task_id for _, r in self.early}
+
+    def drop_waiting(self, task_ids: set[str]) -> None:
+        """Forget the early rollouts of these tasks (they were scored elsewhere)."""
+        self.early = [(m, r) for m, r in self.early if r.task_id not in task_ids]
 
 
 class RewardWorker(Worker):
@@ -400,7 +405,7 @@ class RewardWorker(Worker):
         done = set(scored.collect()["task_id"].to_list())
         for task_id in done:
             self.finished(task_id)
-        self.pending.early = [(m, r) for m, r in self.pending.early if r.task_id not in done]
+        self.pending.drop_waiting(done)
 
 
 class TrainerWorker(Worker):
