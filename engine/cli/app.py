@@ -38,7 +38,6 @@ KNOWN_ERRORS = {
     "lake": ("LakeError", "LeaseHeld", "StorageError"),
     "streams": ("BrokerError",),
     "trainers": ("TrainError", "CheckpointError", "ModelNotFound"),
-    "engine.coevolution.overrides": ("OverrideError",),
     "engine.lineage": ("AuditError", "ReplayError"),
     "engine.benchmarks": ("EvalError", "DataMissing"),
 }
