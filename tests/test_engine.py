@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import polars as pl
@@ -155,6 +156,34 @@ def test_config_layers_and_one_line_errors(tmp_path):
     bad.write_text("epochs = [")
     with pytest.raises(ValueError, match="not valid TOML"):
         load_config("quick", bad)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        ("[curriculum]\nk = nan", "curriculum.k=nan: expected a finite number"),
+        ("temperature = inf", "temperature=inf: expected a finite number"),
+        ("[agent]\nlearning_rate = -inf", "agent.learning_rate=-inf: expected a finite number"),
+        ("tasks_per_epoch = 9223372036854775807", "tasks_per_epoch=9223372036854775807: expected a number of"),
+        ('epochs = "2"', "epochs=2: expected int, got the text '2'"),
+        ('warm_start = "true"', "warm_start=true: expected bool"),
+        ("rollout_workers = 10000", "rollout_workers must be at most"),
+        ("x = " + "[" * 2000 + "]" * 2000, "nests its tables or arrays too deeply"),
+    ],
+)
+def test_a_config_value_that_is_not_finite_bounded_and_typed_stops_with_its_name(toml, message, tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(toml)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_config("quick", path)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("pair", ["curriculum.k=nan", "temperature=inf", "seed=99999999999999999999"])
+def test_a_command_line_value_that_is_not_finite_or_bounded_stops_with_its_name(pair):
+    with pytest.raises(ValueError, match=re.escape(pair.partition("=")[0])):
+        load_config("quick", None, [pair])
 
 
 @pytest.mark.unit

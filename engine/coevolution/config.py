@@ -29,6 +29,7 @@ from .overrides import OverrideError, apply_values, parse_pairs
 
 Mode = Literal["genenv", "genenv-random", "genenv-static", "seeds-only"]  # docs/DESIGN.md, "Modes and the ablation"
 MODES = get_args(Mode)
+MAX_WORKERS = 64  # worker processes of one kind: each loads its own model
 
 
 @dataclass
@@ -86,6 +87,7 @@ class RunConfig:
             lr_scheduler_type="constant_with_warmup",
             warmup_steps=8,
             temperature=1.0,
+            ptx_coef=1.0,
         )
     )
     # Steps of 8 generations in micro-batches of 2: the simulator's prompts are long (four candidates), and a
@@ -122,6 +124,9 @@ class RunConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("rollout_workers", "reward_workers"):
+            if getattr(self, name) > MAX_WORKERS:
+                raise ValueError(f"{name} must be at most {MAX_WORKERS} (each is a process with its own model)")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO compares rollouts within a group), got {self.group_size}")
         if self.seeds_path:
@@ -261,8 +266,8 @@ def _flatten(table: dict, prefix: str = "") -> list[tuple[str, object]]:
     return items
 
 
-def override(config: RunConfig, items: list[tuple[str, object]]) -> RunConfig:
-    """Apply (name or section.name, value) items: text as from `--set`, or values a TOML file typed."""
+def override(config: RunConfig, items: list[tuple[str, object]], text: bool = False) -> RunConfig:
+    """Apply (name or section.name, value) items: text as from `--set` (`text`), or values a TOML file typed."""
     top, sections = {}, {"curriculum": {}, "agent": {}, "env": {}}
     for name, value in items:
         section, dot, rest = name.partition(".")
@@ -272,12 +277,12 @@ def override(config: RunConfig, items: list[tuple[str, object]]) -> RunConfig:
             raise OverrideError(f"{name}: no section {section!r} (sections: {', '.join(sections)})")
         else:
             top[name] = value
-    config = apply_values(config, top)
+    config = apply_values(config, top, text)
     changes = {}
     for section, values in sections.items():
         if values:
             try:
-                changes[section] = apply_values(getattr(config, section), values)
+                changes[section] = apply_values(getattr(config, section), values, text)
             except OverrideError as exc:
                 raise OverrideError(f"{section}.{exc}") from None
     if "temperature" in {name.strip() for name in top}:  # the agent's logprob temperature follows
@@ -294,7 +299,7 @@ def load_config(profile: str = "default", path: Path | None = None, sets: list[s
         if not path.is_file():
             raise ValueError(f"config file {path} does not exist")
         config = override(config, _flatten(read_toml(path.read_text(), f"config file {path}")))
-    config = override(config, parse_pairs(list(sets)))
+    config = override(config, parse_pairs(list(sets)), text=True)
     config.check()
     return config
 
@@ -304,6 +309,8 @@ def read_toml(text: str, what: str) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{what} is not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested tables and arrays recursively
+        raise ValueError(f"{what} nests its tables or arrays too deeply to read") from None
 
 
 def to_toml(config: RunConfig) -> str:
