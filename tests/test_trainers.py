@@ -86,6 +86,49 @@ def test_grpo_raises_the_mean_reward_on_tiny():
     assert after > 2 * before and after > 0.1, (before, after)
 
 
+def answer_nll(loaded, anchor: pl.DataFrame) -> float:
+    """The mean token NLL of the anchor's texts given their prompts, as the ptx term computes it."""
+    import torch
+
+    from trainers.batching import completion_logps, pack
+    from trainers.losses import token_nll
+
+    tok = loaded.tokenizer
+    prompts = tok(anchor["prompt"].to_list(), add_special_tokens=False)["input_ids"]
+    texts = [ids + [tok.eos_token_id] for ids in tok(anchor["text"].to_list(), add_special_tokens=False)["input_ids"]]
+    batch = pack(prompts, texts, tok.pad_token_id)
+    with torch.no_grad():
+        return token_nll(completion_logps(loaded.model, batch), batch.completion_mask).item()
+
+
+@pytest.mark.unit
+def test_the_ptx_term_trains_the_warm_start_answers_beside_grpo():
+    prompts_of = lambda tok: [render_prompt(tok, f"count {i}") for i in range(4)]  # noqa: E731
+    anchor_of = lambda tok: pl.DataFrame(  # noqa: E731
+        {"prompt": [render_prompt(tok, f"recite {i}") for i in range(3)], "text": ["abc", "def", "ghi"]}
+    )
+    nll = {}
+    for coef in (0.0, 1.0):
+        agent = load_model("tiny", seed=0)
+        anchor = anchor_of(agent.tokenizer)
+        before = answer_nll(agent, anchor)
+        config = GRPOConfig(learning_rate=3e-3, per_device_train_batch_size=8, ptx_coef=coef, ptx_batch_size=2)
+        trainer = GRPOTrainer(agent.model, agent.tokenizer, config, anchor=anchor)
+        rows, _ = select_rollouts(rollout_rows(sample(agent, prompts_of(agent.tokenizer), 8, seed=5), 8), 0, config)
+        batches = trainer.micro_batches(rows)
+        if coef:  # every micro-batch carries two anchor rows, taken in turn
+            assert all(mb.reference_answers.input_ids.shape[0] == 2 for mb in batches)
+        else:
+            assert trainer.anchor is None and all(mb.reference_answers is None for mb in batches)
+        metrics = {}
+        for _ in range(4):
+            metrics = trainer.train(rows)
+        assert metrics["ptx_rows"] == (3 if coef else 0) and ("ptx_nll" in metrics) == bool(coef)
+        nll[coef] = (before, answer_nll(agent, anchor))
+    assert nll[0.0][0] == nll[1.0][0]  # the same start
+    assert nll[1.0][1] < 0.5 * nll[1.0][0] and nll[1.0][1] < nll[0.0][1], nll
+
+
 @pytest.mark.unit
 def test_rwr_moves_the_simulator_toward_high_weight_generations():
     simulator = load_model("tiny", seed=1)

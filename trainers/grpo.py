@@ -29,10 +29,10 @@ from typing import Literal
 import polars as pl
 import torch
 
-from .batching import SharedPrefixBatch, completion_logps, pack_shared
+from .batching import SharedPrefixBatch, TokenBatch, completion_logps, pack, pack_shared
 from .distributed import rank_batches
 from .loop import OptimConfig, Trainer
-from .losses import GRPOLossConfig, group_advantages, grpo_loss
+from .losses import GRPOLossConfig, group_advantages, grpo_loss, token_nll
 
 
 @dataclass
@@ -45,6 +45,12 @@ class GRPOConfig(OptimConfig, GRPOLossConfig):
     # Leave out the groups whose rewards are all equal (DAPO's dynamic sampling, verl's filter_groups): their
     # advantage is 0, so they only dilute a token-normalised loss and cost a forward and backward pass.
     filter_groups: bool = True
+    # PPO-ptx (InstructGPT's pretraining mix; OpenRLHF's ptx_coef): every micro-batch also takes ptx_batch_size of the
+    # warm start's reference answers and adds ptx_coef x their mean token NLL to the loss. GRPO moves only what its
+    # mixed groups cover; when those are all one-call tasks, every answer it reinforces stops after one call and the
+    # warm start's multi-call answers decay (docs/RESULTS.md, e4 and e5). 0: no such term (nor without a warm start).
+    ptx_coef: float = 0.0
+    ptx_batch_size: int = 2
 
     def check(self) -> None:
         super().check()
@@ -59,6 +65,8 @@ class GRPOConfig(OptimConfig, GRPOLossConfig):
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.epsilon <= 0 or (self.epsilon_high is not None and self.epsilon_high <= 0):
             raise ValueError("epsilon and epsilon_high must be > 0")
+        if self.ptx_coef < 0 or self.ptx_batch_size < 1:
+            raise ValueError(f"ptx_coef must be >= 0, ptx_batch_size >= 1: {self.ptx_coef}, {self.ptx_batch_size}")
         if self.beta < 0 or self.max_staleness < 0 or self.num_iterations < 1 or self.temperature <= 0:
             raise ValueError("beta and max_staleness must be >= 0, num_iterations >= 1, temperature > 0")
 
@@ -70,6 +78,7 @@ class MicroBatch:
     advantages: torch.Tensor  # (batch,)
     token_weights: torch.Tensor | None  # truncated importance weights of stale rows, 1 elsewhere
     ref_logps: torch.Tensor | None
+    reference_answers: TokenBatch | None = None  # the ptx term's rows (warm-start answers), when ptx_coef > 0
 
 
 def staleness_of(version: str, parent_version: int) -> int | None:
@@ -110,9 +119,15 @@ def select_rows(rows: pl.DataFrame, parent_version: int, config: GRPOConfig) -> 
 
 
 class GRPOTrainer(Trainer):
-    """GRPO over selected rows (`select_rows`): group-relative advantages, the clipped ratio, `beta`'s KL term."""
+    """GRPO over selected rows (`select_rows`): group-relative advantages, the clipped ratio, `beta`'s KL term, and
+    `ptx_coef`'s supervised term on the warm start's reference answers (`anchor`: rows of prompt and text, as
+    trainers/update.py's `warm_start_rows` gives them)."""
 
     kl_option = "beta"
+
+    def __init__(self, *args, anchor: pl.DataFrame | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.anchor = anchor if self.config.ptx_coef and anchor is not None and anchor.height else None
 
     @property
     def passes(self) -> int:
@@ -148,13 +163,33 @@ class GRPOTrainer(Trainer):
                 )
             ref = self.reference_logps(tokens, cfg.temperature)
             batches.append(MicroBatch(tokens, old, advantages[indices], weights, ref))
+        for i, batch in enumerate(self.reference_answers(len(batches))):
+            batches[i].reference_answers = batch
+        return batches
+
+    def reference_answers(self, n: int) -> list[TokenBatch]:
+        """ptx_batch_size anchor rows for each of n micro-batches: the anchor in a seeded order, taken in turn (and
+        again from the start when it runs out), each rank from its own place in that order."""
+        if self.anchor is None:
+            return []
+        cfg, tok, rows = self.config, self.tokenizer, self.anchor
+        prompts = tok(rows["prompt"].to_list(), add_special_tokens=False)["input_ids"]
+        texts = tok(rows["text"].to_list(), add_special_tokens=False)["input_ids"]
+        answers = [ids + [tok.eos_token_id] for ids in texts]  # trained up to end-of-sequence, as in the warm start
+        order = torch.randperm(rows.height, generator=torch.Generator().manual_seed(cfg.seed + 1)).tolist()
+        size = cfg.ptx_batch_size
+        batches = []
+        for i in range(n):
+            start = (i * self.world + self.rank) * size
+            indices = [order[(start + j) % rows.height] for j in range(size)]
+            batches.append(pack([prompts[k] for k in indices], [answers[k] for k in indices], tok.pad_token_id))
         return batches
 
     def loss(self, mb: MicroBatch, model):
         with self.compute():
             logps = completion_logps(model, mb.tokens, self.config.temperature)
         on = lambda t: None if t is None else t.to(logps.device)  # noqa: E731
-        return grpo_loss(
+        loss, metrics = grpo_loss(
             logps,
             on(mb.old_logps),
             on(mb.advantages),
@@ -163,6 +198,13 @@ class GRPOTrainer(Trainer):
             on(mb.ref_logps),
             on(mb.token_weights),
         )
+        if mb.reference_answers is not None:
+            with self.compute():
+                answer_logps = completion_logps(model, mb.reference_answers)
+            nll = token_nll(answer_logps, on(mb.reference_answers.completion_mask))
+            loss = loss + self.config.ptx_coef * nll
+            metrics["ptx_nll"] = nll.item()
+        return loss, metrics
 
     def summary(self, rows: pl.DataFrame, batches: list[MicroBatch]) -> dict:
         zero_std = rows.group_by("task_id").agg(pl.col("reward").n_unique() == 1)["reward"].mean()
@@ -172,6 +214,7 @@ class GRPOTrainer(Trainer):
             "reward_mean": rows["reward"].mean(),
             "zero_std_groups_frac": zero_std,
             "stale_rows": int((rows["staleness"] > 0).sum()),
+            "ptx_rows": 0 if self.anchor is None else self.anchor.height,
         }
 
 

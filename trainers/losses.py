@@ -102,6 +102,12 @@ def grpo_loss(
     return loss, metrics
 
 
+def token_nll(logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean negative log-likelihood over the real tokens of a batch (supervised fine-tuning's loss)."""
+    mask = mask.float()
+    return -(logps * mask).sum() / mask.sum().clamp(min=1)
+
+
 def rwr_weights(env_rewards: torch.Tensor, temperature: float, filtered: torch.Tensor | None = None) -> torch.Tensor:
     """Reward-weighted regression weights: exp(R / T), normalised to sum to 1 over the rows kept.
 

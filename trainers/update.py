@@ -72,6 +72,19 @@ def warm_start_rows(kind: str, rows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def ptx_rows(
+    lake: Lake, kind: str, config, pool_version: int, run_id: str | None, warm_start: bool
+) -> pl.DataFrame | None:
+    """The rows of GRPO's ptx term (`GRPOConfig.ptx_coef`): the warm start's reference answers in d_train at
+    `pool_version` (the run's, when one is named), as `warm_start_rows` gives them; None when there is no such term."""
+    if kind != "agent" or warm_start or not getattr(config, "ptx_coef", 0):
+        return None
+    rows = read_pool(lake, POOL_OF[kind], pool_version)
+    if run_id is not None:
+        rows = rows.filter(pl.col("run_id") == run_id)
+    return warm_start_rows(kind, rows)
+
+
 def train_update(
     kind: str,
     lake: Lake,
@@ -98,6 +111,7 @@ def train_update(
     parent = latest_version(lake, kind) if parent_version is None else parent_version
     base_model, seen_version = parent_lineage(lake, kind, parent, base_model, pool_version)
     selected, dropped = update_rows(lake, kind, config, parent, pool_version, seen_version, run_id, warm_start)
+    anchor = ptx_rows(lake, kind, config, pool_version, run_id, warm_start)
     group, precision, fsdp = processes(config, precision)
 
     # The parent, verified against its sha256; where its optimiser stands; the KL term's reference.
@@ -105,7 +119,9 @@ def train_update(
     state = starting_optimizer(lake, kind, parent, config, warm_start, fsdp)
     reference = reference_version(lake, kind, parent)
     ref = reference_model(lake, kind, reference, base_model, config, precision)
-    model, metrics, weights = fit(loaded, selected, dropped, config, ref, warm_start, progress, precision, group, state)
+    model, metrics, weights = fit(
+        loaded, selected, dropped, config, ref, warm_start, progress, precision, group, state, anchor
+    )
 
     # The child: the next version, saved whole with its lineage and optimiser state, its files published.
     version = max(parent, latest_version(lake, kind)) + 1
@@ -281,6 +297,7 @@ def fit(
     precision: Precision = CPU,
     group=None,
     state: OptimizerState | None = None,
+    anchor: pl.DataFrame | None = None,
 ) -> tuple[torch.nn.Module, dict, dict | None]:
     """Train the parent model (loaded with fp32 master weights) on the selected rows: (the trained model, LoRA
     merged, in the precision's dtype; its metrics; with several processes, its whole weights as gathered for rank 0
@@ -298,7 +315,7 @@ def fit(
 
     torch.manual_seed(config.seed)
     if isinstance(config, grpo.GRPOConfig):
-        trainer = grpo.GRPOTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group)
+        trainer = grpo.GRPOTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group, anchor=anchor)
     else:
         trainer = rwr.RWRTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group)
     state = state if state is not None else OptimizerState()

@@ -37,6 +37,7 @@ from trainers.update import (
     fit,
     master_weights,
     new_rows,
+    ptx_rows,
     reference_model,
     reference_version,
     select_update_rows,
@@ -221,7 +222,10 @@ def _retrain(
         with phase(f"retraining {kind} v{c['version']} on {selected.height} rows") as tick:
             reference = lineage.get("reference_version", reference_version(lake, kind, plan.parent))
             ref = reference_model(lake, kind, reference, lineage["base_model"], config, precision)
-            model, _, _ = fit(loaded, selected, dropped, config, ref, warm_start, tick, precision, state=state)
+            anchor = ptx_rows(rebuilt, kind, config, version_then, run_id, warm_start)
+            model, _, _ = fit(
+                loaded, selected, dropped, config, ref, warm_start, tick, precision, state=state, anchor=anchor
+            )
         folder = checkpoint_dir(rebuilt, kind, c["version"])
         out.replayed_sha256 = save_checkpoint(model, loaded.tokenizer, folder, {**lineage, "path": str(folder)})
         if out.replayed_sha256 != c["sha256"]:
