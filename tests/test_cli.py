@@ -96,6 +96,26 @@ BAD_INVOCATIONS = {  # name: (arguments, what the one line says); LAKE is a path
         ["run", "--profile", "quick", "--lake", "LAKE", "--set", "dtype=fp8"],
         "dtype must be auto, fp32, bf16, fp16",
     ),
+    "unknown_model_run": (
+        ["run", "--profile", "quick", "--lake", "LAKE", "--set", "agent_model=no-such-model"],
+        "agent_model: unknown model 'no-such-model'",
+    ),
+    "unknown_model_ablation": (
+        ["experiment", "ablation", "--profile", "quick", "--lake", "LAKE", "--set", "env_model=/no/such/dir"],
+        "env_model: unknown model '/no/such/dir'",
+    ),
+    "report_folder_is_a_file": (
+        ["run", "--profile", "quick", "--lake", "LAKE", "--report", "FILE"],
+        "cannot create the folder (File exists)",
+    ),
+    "ablation_out_cannot_be_created": (
+        ["experiment", "ablation", "--profile", "quick", "--lake", "LAKE", "--out", "/proc/genenv-out"],
+        "--out /proc/genenv-out: cannot create the folder",
+    ),
+    "nan_in_a_config": (
+        ["run", "--profile", "quick", "--lake", "LAKE", "--set", "curriculum.k=nan"],
+        "curriculum.k=nan: expected a finite number",
+    ),
     "plan_cannot_fit": (
         ["run", "--profile", "quick", "--lake", "LAKE", "--set", "agent.per_device_train_batch_size=100000000"],
         "memory plan: does not fit",

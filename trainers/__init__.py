@@ -25,7 +25,7 @@ from .generation import (
 from .grpo import GRPOConfig, GRPOTrainer
 from .loop import OptimizerState
 from .losses import GRPOLossConfig, group_advantages, grpo_loss, rwr_loss, rwr_weights
-from .models import BUILTINS, CPU, LoadedModel, ModelNotFound, Precision, load_model
+from .models import BUILTINS, CPU, LoadedModel, ModelNotFound, Precision, check_model_spec, load_model
 from .rwr import RWRConfig, RWRTrainer
 from .update import (
     POOL_OF,
@@ -66,6 +66,7 @@ __all__ = [
     "grpo_loss",
     "latest_version",
     "load_checkpoint",
+    "check_model_spec",
     "load_model",
     "load_published",
     "load_verified",

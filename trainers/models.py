@@ -169,6 +169,25 @@ def _from_dir(path: str | Path, dtype: torch.dtype):
     return model, tokenizer
 
 
+def check_model_spec(spec: str) -> None:
+    """ModelNotFound naming what is wrong with a model name that can be told without loading it: a built-in, an
+    existing .gguf file, a directory with config.json, or a hub id (owner/name; only loading says if it is there)."""
+    if spec in BUILTINS:
+        return
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFound(f"GGUF file {path} does not exist")
+    elif path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"{path} is a directory without config.json, not a Hugging Face model")
+    elif path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise ModelNotFound(
+            f"unknown model {spec!r}: not a built-in ({', '.join(BUILTINS)}), a model directory, a .gguf file "
+            "or a hub id"
+        )
+
+
 def load_model(
     spec: str, dtype: torch.dtype = torch.float32, seed: int = 0, device: str | torch.device = "cpu"
 ) -> LoadedModel:
@@ -184,20 +203,12 @@ def load_model(
         model, tokenizer = _from_dir(cached, dtype)
         source = str(cached)
     else:
+        check_model_spec(spec)
         path = Path(spec).expanduser()
         if path.suffix == ".gguf":
-            if not path.is_file():
-                raise ModelNotFound(f"GGUF file {path} does not exist")
             model, tokenizer = _from_gguf(path.resolve(), dtype)
         elif path.is_dir():
-            if not (path / "config.json").is_file():
-                raise ModelNotFound(f"{path} is a directory without config.json, not a Hugging Face model")
             model, tokenizer = _from_dir(path, dtype)
-        elif path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
-            raise ModelNotFound(
-                f"unknown model {spec!r}: not a built-in ({', '.join(BUILTINS)}), a model directory, a .gguf file "
-                "or a hub id"
-            )
         else:
             try:
                 model, tokenizer = _from_dir(spec, dtype)

@@ -8,6 +8,7 @@ configuration, by config.py's rule; a benchmark's data files).
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -68,6 +69,19 @@ def check_non_negative(**values: float | None) -> None:
     for name, value in values.items():
         if value is not None and not value >= 0:  # `not >=` also refuses NaN
             raise UserError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+
+
+def check_output_folder(path: Path | None, flag: str) -> None:
+    """A folder the command will write into at its end, made (or found writable) now: a long run must not end in
+    a path it cannot write."""
+    if path is None:
+        return
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: cannot create the folder ({exc.strerror or exc})") from None
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: not a folder this user can write into")
 
 
 def check_port(port: int, allow_zero: bool = False) -> None:

@@ -13,7 +13,17 @@ from lake import Lake, check_lake_root
 from streams import kafka_bootstrap
 
 from .app import app, experiment_app
-from .options import BootstrapOpt, ConfigOpt, LakeOpt, ProfileOpt, SetOpt, UserError, bad_input, check_positive
+from .options import (
+    BootstrapOpt,
+    ConfigOpt,
+    LakeOpt,
+    ProfileOpt,
+    SetOpt,
+    UserError,
+    bad_input,
+    check_output_folder,
+    check_positive,
+)
 from .render import console, err, phases, run_summary, table
 
 
@@ -65,6 +75,7 @@ def run(
             raise ValueError("epochs = 0 (until stopped) is for async runs: add --async")
         check_machine(cfg)  # the device, and vLLM where it is asked for: before the broker, the lake or a model
         check_plan(cfg)
+    check_output_folder(report, "--report")
     check_lake_root(lake)
     with kafka_bootstrap(bootstrap) as servers, phases() as phase:
         lake_ = Lake(lake)
@@ -173,7 +184,7 @@ def ablation(
     out: Annotated[Path | None, typer.Option(help="Output folder (default: <lake>/reports/ablation-<domain>).")] = None,
 ) -> None:
     """genenv, genenv-random, genenv-static and seeds-only at equal rollout budget: a table and a plot."""
-    from engine.coevolution import MODES, load_config, run_ablation
+    from engine.coevolution import MODES, check_machine, load_config, run_ablation
     from engine.coevolution.experiment import cell
     from engine.lineage import with_measures
 
@@ -183,6 +194,8 @@ def ablation(
         raise UserError(f"--modes takes some of {', '.join(MODES)}, got {modes!r}")
     with bad_input():
         cfg = load_config(profile, config, [f"domain={domain}", *(set_ or ())])
+        check_machine(cfg)
+    check_output_folder(out, "--out")
     check_lake_root(lake)
     with kafka_bootstrap(bootstrap) as servers, phases() as phase:
         lake_ = Lake(lake)

@@ -20,7 +20,7 @@ from typing import Literal, get_args
 import tomli_w
 
 from lake import Lake
-from trainers import GRPOConfig, Precision, RWRConfig, vllm_available
+from trainers import GRPOConfig, ModelNotFound, Precision, RWRConfig, check_model_spec, vllm_available
 from trainers.plan import plan_run
 
 from ..domains import DOMAINS, get_domain
@@ -169,6 +169,11 @@ def check_machine(config: RunConfig) -> None:
         config.precision.resolved()
     except ValueError as exc:
         raise ValueError(str(exc)) from None
+    for role, spec in (("agent_model", config.agent_model), ("env_model", config.env_model)):
+        try:
+            check_model_spec(spec)
+        except ModelNotFound as exc:
+            raise ValueError(f"{role}: {exc}") from None
     if config.final_bfcl_items:
         from ..benchmarks import DataMissing
         from ..benchmarks.bfcl import BFCL, FINAL_CATEGORIES
