@@ -161,6 +161,63 @@ def test_api_bank_reads_level_2_and_reports_each_level(tmp_path):
     assert 0 < report.metrics["accuracy"] < 1
 
 
+MALFORMED = {  # what replaces a record (or the whole file), and what the one line must say
+    "not_a_list": ('{"a": 1}', "not a list of records"),
+    "a_null_record": ("null", "record 0 is a JSON NoneType, not an object"),
+    "a_number_record": ("7", "record 0 is a JSON int, not an object"),
+    "an_empty_record": ("{}", "record 0: "),
+    "null_fields": (
+        '{"Question": null, "Answer": null, "instruction": null, "input": null, "expected_output": null, '
+        '"messages": null, "id": null, "question": null, "function": null}',
+        "record 0: ",
+    ),
+    "nan_fields": (
+        '{"Question": "q?", "Answer": NaN, "instruction": NaN, "input": "x", "expected_output": "y", '
+        '"messages": NaN, "id": NaN, "question": [], "function": []}',
+        "record 0: ",
+    ),
+}
+MALFORMED_FILES = {  # benchmark: (file under data/, JSON lines?)
+    "bamboogle": ("bamboogle/bamboogle.json", False),
+    "api-bank": ("api-bank/level-1-api.json", False),
+    "travelplanner": ("travelplanner/std_travelplanner.jsonl", True),
+    "bfcl": ("BFCL_v4_simple_python.json", True),
+}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("variant", list(MALFORMED))
+@pytest.mark.parametrize("name", list(MALFORMED_FILES))
+def test_a_malformed_benchmark_record_is_one_line_naming_the_file_and_record(name, variant, tmp_path):
+    """The benchmark's data copied, its first record (or, for not_a_list, the whole file) replaced: the load stops
+    with DataMissing, never another exception, and a null or NaN answer is never taken as an item."""
+    from engine.benchmarks import DataMissing
+
+    relative, lines = MALFORMED_FILES[name]
+    if name == "bfcl":
+        source = BFCL().data_root(None)
+        shutil.copytree(source, tmp_path / "bfcl")
+        data = tmp_path / "bfcl"
+    else:
+        shutil.copytree(DATA / relative.split("/")[0], tmp_path / relative.split("/")[0])
+        data = tmp_path
+    record, message = MALFORMED[variant]
+    path = data / relative
+    if variant == "not_a_list" and not lines:
+        path.write_text(record)
+    elif lines:
+        rows = path.read_text().splitlines()
+        path.write_text("\n".join([record if variant != "not_a_list" else "[1]", *rows[1:]]))
+        message = "record 0" if variant == "not_a_list" else message
+    else:
+        rows = json.loads(path.read_text())
+        path.write_text("[" + ",".join([record, *map(json.dumps, rows[1:])]) + "]")
+    bench = BFCL(("simple_python",)) if name == "bfcl" else BENCHMARKS[name]()
+    with pytest.raises(DataMissing) as caught:
+        bench.load(data, None)
+    assert message in str(caught.value) and str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
 @pytest.mark.unit
 def test_arguments_a_model_writes_are_never_evaluated(tmp_path):
     benchmark = BFCL(categories=("simple_python",))

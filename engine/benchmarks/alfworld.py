@@ -16,7 +16,6 @@ pick_two_obj_and_place).
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from pathlib import Path
 
@@ -122,12 +121,17 @@ class ALFWorld(Benchmark):
         by_type: dict[str, list[Item]] = {}
         for path in paths:
             task_type = path.parent.parent.name.split("-")[0]
-            game = json.loads(path.read_text())
+            game = self.read_json(path)
+            walkthrough = game.get("walkthrough") if isinstance(game, dict) else None
+            if not isinstance(walkthrough, list) or not all(isinstance(step, str) for step in walkthrough):
+                raise DataMissing(
+                    f"{self.name}: {path} is not a TextWorld game with a walkthrough (a list of commands)"
+                )
             by_type.setdefault(task_type, []).append(
                 Item(
                     f"alfworld-{path.parent.parent.name}-{path.parent.name}",
                     task_type,
-                    {"path": str(path), "walkthrough": list(game.get("walkthrough") or [])},
+                    {"path": str(path), "walkthrough": walkthrough},
                 )
             )
         # Round-robin over task types, so --limit N samples every type.

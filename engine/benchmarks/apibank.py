@@ -64,27 +64,30 @@ class APIBank(Benchmark):
             level_path = path.with_name(f"level-{level}-api.json")
             if level > 1 and not level_path.is_file():
                 continue
-            items += limited(self.level_items(level, self.read_json(level_path)), limit)
+            items += limited(self.level_items(level, level_path), limit)
         if not items:
             raise DataMissing(f"{self.name}: {path.parent} holds no items with a readable expected_output")
         return items
 
-    def level_items(self, level: int, rows: list[dict]) -> list[Item]:
+    def level_items(self, level: int, path: Path) -> list[Item]:
+        """The level's items; a record whose expected_output holds no readable call is skipped (and counted), one
+        whose fields are not text stops the load, naming it."""
         items = []
-        for index, row in enumerate(rows):  # an item's id is its level and place in the file (API-Bank's ids repeat)
-            gold = read_call(row.get("expected_output", ""))
+        for index, row in enumerate(self.records(path)):  # an item's id is its level and place in the file
+            instruction, request = self.text(path, index, row, "instruction"), self.text(path, index, row, "input")
+            gold = read_call(self.text(path, index, row, "expected_output"))
             if isinstance(gold, str) or not gold:
                 self.skipped += 1
                 continue
-            api = row.get("file", "").split("-level-")[0].split("-")[0]
+            api = str(row.get("file") or "").split("-level-")[0].split("-")[0]
             item_id = f"api-bank-{index}" if level == 1 else f"api-bank-l{level}-{index}"
             items.append(
                 Item(
                     item_id,
                     f"level-{level}",
                     {
-                        "instruction": row["instruction"],
-                        "input": row["input"],
+                        "instruction": instruction,
+                        "input": request,
                         "expected_output": row["expected_output"],
                         "gold": gold,
                         "api": api,

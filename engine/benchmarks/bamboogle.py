@@ -37,11 +37,13 @@ class Bamboogle(Benchmark):
 
     def load(self, data: Path | None, limit: int | None) -> list[Item]:
         path = self.file(data, "bamboogle/bamboogle.json")
-        rows = self.read_json(path)
         items = [
-            Item(f"bamboogle-{i}", "two-hop", {"question": r["Question"], "answer": str(r["Answer"])})
-            for i, r in enumerate(rows)
-            if isinstance(r, dict) and "Question" in r and "Answer" in r
+            Item(
+                f"bamboogle-{i}",
+                "two-hop",
+                {"question": self.text(path, i, r, "Question"), "answer": self.text(path, i, r, "Answer")},
+            )
+            for i, r in enumerate(self.records(path))
         ]
         if not items:
             raise DataMissing(f"{self.name}: {path} holds no items with Question and Answer")

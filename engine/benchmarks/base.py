@@ -12,6 +12,7 @@ and a perturbed copy of it must score 0): it is read from the benchmark's own re
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -93,6 +94,34 @@ class Benchmark:
             return [json.loads(line) for line in text.splitlines() if line.strip()] if lines else json.loads(text)
         except json.JSONDecodeError as exc:
             raise DataMissing(f"{self.name}: {path} is not {'JSON lines' if lines else 'JSON'} ({exc})") from None
+
+    def records(self, path: Path, lines: bool = False) -> list[dict]:
+        """A data file's records (a JSON list of objects, or JSON lines of one object each), or DataMissing naming
+        the file and the first record that is not an object."""
+        rows = self.read_json(path, lines)
+        if not isinstance(rows, list):
+            raise DataMissing(f"{self.name}: {path} holds a JSON {type(rows).__name__}, not a list of records")
+        for index, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise DataMissing(f"{self.name}: {path} record {index} is a JSON {type(row).__name__}, not an object")
+        return rows
+
+    def text(self, path: Path, index: int, row: dict, name: str) -> str:
+        """Field `name` of a record as non-empty text (an integer or a finite number is taken as its text), or
+        DataMissing naming the file, the record and the field: a null or NaN answer must not score anything."""
+        value = row.get(name)
+        if isinstance(value, float) and math.isfinite(value) or isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str) or not value.strip():
+            raise DataMissing(f"{self.name}: {path} record {index}: {name} must be non-empty text, got {value!r:.40}")
+        return value
+
+    def field(self, path: Path, index: int, row: dict, name: str, kind: type):
+        """Field `name` of a record, of JSON type `kind` (list, dict), or DataMissing naming the record and field."""
+        value = row.get(name)
+        if not isinstance(value, kind):
+            raise DataMissing(f"{self.name}: {path} record {index}: {name} must be a JSON {kind.__name__}")
+        return value
 
     def file(self, data: Path | None, relative: str) -> Path:
         """A data file under `data` (default: the repository's data/ folder), or DataMissing naming it and where

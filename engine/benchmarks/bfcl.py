@@ -106,15 +106,21 @@ class BFCL(Benchmark):
         root = self.data_root(data)
         items = []
         for category in self.categories:
-            questions = self.read_json(root / f"BFCL_v4_{category}.json", lines=True)
+            questions_path = root / f"BFCL_v4_{category}.json"
+            questions = self.records(questions_path, lines=True)
+            answers_path = root / "possible_answer" / f"BFCL_v4_{category}.json"
             answers = (
                 {}
                 if category == "irrelevance"
                 else {
-                    a["id"]: a["ground_truth"]
-                    for a in self.read_json(root / "possible_answer" / f"BFCL_v4_{category}.json", lines=True)
+                    self.text(answers_path, i, a, "id"): self.field(answers_path, i, a, "ground_truth", list)
+                    for i, a in enumerate(self.records(answers_path, lines=True))
                 }
             )
+            for i, q in enumerate(questions):
+                self.text(questions_path, i, q, "id")
+                self.field(questions_path, i, q, "question", list)
+                self.field(questions_path, i, q, "function", list)
             chosen = limited(
                 [
                     Item(

@@ -384,8 +384,9 @@ class TravelPlanner(Benchmark):
     scoring = "the paper's metrics on each query's reference information (see engine/benchmarks/travelplanner.py)"
 
     def load(self, data: Path | None, limit: int | None) -> list[Item]:
-        queries = self.read_json(self.file(data, "travelplanner/std_travelplanner.jsonl"), lines=True)
-        references = self.read_json(self.file(data, "travelplanner/train_ref_info.jsonl"), lines=True)
+        queries_path = self.file(data, "travelplanner/std_travelplanner.jsonl")
+        queries = self.records(queries_path, lines=True)
+        references = self.records(self.file(data, "travelplanner/train_ref_info.jsonl"), lines=True)
         if len(queries) != len(references):
             raise DataMissing(
                 f"{self.name}: {len(queries)} queries but {len(references)} reference records "
@@ -393,7 +394,7 @@ class TravelPlanner(Benchmark):
             )
         items = []
         for i, (row, reference) in enumerate(zip(queries, references)):
-            messages = {m["role"]: m["content"] for m in row["messages"]}
+            messages = self.messages(queries_path, i, row)
             query_text = messages["user"].split("Query:")[-1].strip()
             items.append(
                 Item(
@@ -409,6 +410,18 @@ class TravelPlanner(Benchmark):
                 )
             )
         return limited(items, limit)
+
+    def messages(self, path: Path, index: int, row: dict) -> dict[str, str]:
+        """A query record's chat as role -> content, or DataMissing naming the record: it needs a system, a user and
+        an assistant message (the plan), each with text."""
+        chat = row.get("messages")
+        if not isinstance(chat, list) or not all(isinstance(m, dict) for m in chat):
+            raise DataMissing(f"{self.name}: {path} record {index}: messages must be a list of objects")
+        messages = {m.get("role"): m.get("content") for m in chat}
+        for role in ("system", "user", "assistant"):
+            if not isinstance(messages.get(role), str):
+                raise DataMissing(f"{self.name}: {path} record {index}: no {role} message with text content")
+        return messages
 
     def ask(self, item: Item) -> Ask:
         return Ask(item.data["system"], item.data["user"], max_new_tokens=1024)
