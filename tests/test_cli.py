@@ -96,6 +96,9 @@ BAD_INVOCATIONS = {  # name: (arguments, what the one line says); LAKE is a path
         ["run", "--profile", "quick", "--lake", "LAKE", "--set", "dtype=fp8"],
         "dtype must be auto, fp32, bf16, fp16",
     ),
+    "negative_positional": (["audit", "epoch", "-1", "--lake", "LAKE"], "-1: a negative number is never an epoch"),
+    "unknown_option": (["run", "--profile", "quick", "--nope"], "No such option: --nope"),
+    "missing_argument": (["audit", "epoch", "--lake", "LAKE"], "Missing argument 'epoch'"),
     "unknown_model_run": (
         ["run", "--profile", "quick", "--lake", "LAKE", "--set", "agent_model=no-such-model"],
         "agent_model: unknown model 'no-such-model'",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 
@@ -65,10 +66,23 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     from deltalake.exceptions import DeltaError
     from kafka.errors import KafkaError
+    from typer.exceptions import Abort, TyperException
 
     try:
-        app()
-    except KeyboardInterrupt:
+        # Not standalone: click's usage errors (typer vendors click; they derive from TyperException) come here to be
+        # one line, not a usage box (a negative positional, "-1", reads as an unknown option), and a command's
+        # typer.Exit comes back as its exit code.
+        code = app(standalone_mode=False)
+    except TyperException as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a command group called bare: its help, as typer draws it
+            app()
+        where = exc.ctx.command_path if getattr(exc, "ctx", None) else "genenv"
+        message = exc.format_message()
+        if negative := re.fullmatch(r"No such option: (-\d+)", message):
+            message = f"{negative[1]}: a negative number is never an epoch, a version or a count"
+        err.print(f"[bold red]error:[/] {escape(message)} (see {where} --help)", highlight=False)
+        sys.exit(exc.exit_code)
+    except (KeyboardInterrupt, Abort):
         err.print("interrupted")
         sys.exit(130)
     except (KafkaError, DeltaError) as exc:  # the broker or the storage failed mid-command
@@ -87,3 +101,4 @@ def main() -> None:
             raise
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
