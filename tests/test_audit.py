@@ -262,6 +262,40 @@ def test_the_browser_finds_a_task_by_id_and_sees_its_rollouts(quick_run, ui_serv
     assert browser.find_element(By.ID, "evals").text  # "no evaluations yet" or the results
 
 
+def test_the_web_view_answers_every_url_its_pages_link_to_when_a_parent_is_not_registered(quick_run, tmp_path):
+    """A copy of the quick run's lake with the agent's warm start (every later agent's ancestor) taken out of the
+    registry: every page and image that a page links to answers 200, and the lineage says where it stops."""
+    import re
+    from urllib.parse import urljoin, urlsplit
+
+    from deltalake import DeltaTable
+
+    from engine.lineage.ui import create_app
+
+    lake, _ = quick_run
+    shutil.copytree(lake.root, tmp_path / "lake")
+    copy = Lake(tmp_path / "lake", create=False)
+    DeltaTable(str(tmp_path / "lake" / CHECKPOINTS)).delete("model_kind = 'agent' AND version = 1")
+    newest = int(read_table(copy, CHECKPOINTS).filter(pl.col("model_kind") == "agent")["version"].max())
+    client = create_app(copy).test_client()
+    seen, queue, answers = set(), ["/", f"/checkpoints/agent/{newest}"], {}
+    while queue and len(seen) < 400:
+        url = queue.pop(0)
+        if url in seen:
+            continue
+        seen.add(url)
+        response = client.get(url)
+        answers[url] = response.status_code
+        if response.mimetype == "text/html":
+            for link in re.findall(r'(?:href|src)="([^"#]+)"', response.get_data(as_text=True)):
+                target = urljoin(url, link.replace("&amp;", "&"))
+                if not urlsplit(target).netloc:
+                    queue.append(target)
+    assert len(seen) > 5 and {url: code for url, code in answers.items() if code != 200} == {}
+    page = client.get(f"/checkpoints/agent/{newest}").get_data(as_text=True)
+    assert "version 1 is not registered: the lineage stops here" in page
+
+
 def test_a_bf16_run_on_the_cpu_trains_and_replays_bit_identically(tmp_path):
     """Mixed precision (dtype = bf16: fp32 master weights, bf16 compute and checkpoints) is as replayable as fp32."""
     root = tmp_path / "lake"

@@ -101,9 +101,10 @@ TASK = """{% if t.task is defined and t.task is none %}<p class="bad">Only in th
 
 CHECKPOINT = """<p>Base model <code>{{ c.base_model }}</code>; pool {{ c.pool }}.</p>
 <table id="lineage"><tr><th>version</th><th>parent</th><th>run / epoch</th><th>pool version (parent's)</th><th>new rows by epoch</th><th>sha256</th><th>metrics</th></tr>
-{% for v in c.lineage %}<tr><td>v{{ v.version }}{% if v.warm_start %} (warm start){% endif %}</td><td>v{{ v.parent_version }}</td><td>{{ v.run_id }} / {{ v.epoch }}</td>
+{% for v in c.lineage %}{% if v.missing %}<tr><td>v{{ v.version }}</td><td colspan="6" class="bad">{{ v.missing }}: the lineage stops here</td></tr>
+{% else %}<tr><td>v{{ v.version }}{% if v.warm_start %} (warm start){% endif %}</td><td>v{{ v.parent_version }}</td><td>{{ v.run_id }} / {{ v.epoch }}</td>
 <td>{{ v.pool_version }} ({{ v.parent_pool_version }})</td><td>{{ v.new_rows_by_epoch | tojson }}</td><td><code>{{ (v.sha256 or '')[:16] }}</code></td>
-<td><pre>{{ v.metrics | tojson }}</pre></td></tr>{% endfor %}</table>"""
+<td><pre>{{ v.metrics | tojson }}</pre></td></tr>{% endif %}{% endfor %}</table>"""
 
 QUARANTINE_PAGE = """<table id="reasons"><tr><th>first failed check</th><th>records</th></tr>
 {% for reason, n in reasons %}<tr><td>{{ reason }}</td><td>{{ n }}</td></tr>{% else %}<tr><td colspan="2">the quarantine is empty</td></tr>{% endfor %}</table>
@@ -164,7 +165,7 @@ def create_app(lake: Lake) -> Flask:
             RUN,
             run_id=run_id,
             metrics=metrics,
-            plots=PLOTS,
+            plots=PLOTS if metrics else (),  # a run with tasks but no scored epoch yet has nothing to draw
             tasks=shown,
             total=total,
             truncated=total > len(shown),
