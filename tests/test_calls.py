@@ -123,3 +123,16 @@ def test_a_toolcall_reference_means_the_same_to_the_matcher_as_its_bfcl_form():
     task = Task("", [{"name": "get_weather", "arguments": {"city": "Oslo"}}], tools=[weather])
     assert toolcall.check(task, "get_weather(city='OSLO')").success
     assert not toolcall.check(task, "get_weather(city='Oslo', unit='fahrenheit')").success
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("answer", ["f(a=1jand 2)", "[f(x=1jor 2)]", "f(a=0x1for x in y)"])
+def test_odd_literals_in_an_answer_are_read_without_python_warnings(answer):
+    """CPython warns about literals such as "1jand" while parsing; an answer is data, so reading it warns nothing."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        read_calls(answer)
+        read_calls(answer, reading="bfcl")
+    assert not caught, [str(w.message) for w in caught]

@@ -38,6 +38,7 @@ import importlib
 import re
 import sys
 import types
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -80,6 +81,14 @@ READINGS = {
 }
 
 
+def parse_expression(text: str) -> ast.expr:
+    """An expression's syntax tree (never evaluated), without the SyntaxWarnings CPython prints for odd literals
+    ("1j"-like tokens in a model's text): a model's answer is data, and its oddities are not the run's warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        return ast.parse(text, mode="eval").body
+
+
 def read_calls(answer: str, reading: str = "lenient") -> list[tuple[str, dict]] | str:
     """The calls in an answer as (dotted name, literal arguments), or the reason they cannot be read, by one of
     READINGS. Lenient accepts `[f(a=1), g(b='x')]`, one call per line, and either inside a ``` fence."""
@@ -91,11 +100,11 @@ def read_calls(answer: str, reading: str = "lenient") -> list[tuple[str, dict]] 
     text = re.sub(r"^(python|json)\s*\n", "", text)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     try:
-        tree = ast.parse(text, mode="eval").body
+        tree = parse_expression(text)
         nodes = list(tree.elts) if isinstance(tree, (ast.List, ast.Tuple)) else [tree]
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         try:
-            nodes = [ast.parse(line, mode="eval").body for line in lines]
+            nodes = [parse_expression(line) for line in lines]
         except (SyntaxError, ValueError, MemoryError, RecursionError):
             return "not a call: the answer does not parse as Python call syntax"
     return _literal_calls(nodes, drop_positional=False)
@@ -108,7 +117,7 @@ def read_calls_as_bfcl(answer: str) -> list[tuple[str, dict]] | str:
     text = text if text.startswith("[") else "[" + text
     text = text if text.endswith("]") else text + "]"
     try:
-        tree = ast.parse(text, mode="eval").body
+        tree = parse_expression(text)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return "not a call: the answer does not parse as a Python list of calls"
     return _literal_calls(list(tree.elts) if isinstance(tree, (ast.List, ast.Tuple)) else [tree], drop_positional=True)
