@@ -144,9 +144,13 @@ def select_rows(cache, rows: torch.Tensor, prompts: int) -> None:
         cache.batch_select_indices(rows)
         return
     for layer in layers:
-        pick = torch.nn.functional.one_hot(rows, prompts).to(layer.keys.dtype)
-        layer.keys = torch.einsum("rp,p...->r...", pick, layer.keys)
-        layer.values = torch.einsum("rp,p...->r...", pick, layer.values)
+        layer.keys, layer.values = pick_rows(layer.keys, rows, prompts), pick_rows(layer.values, rows, prompts)
+
+
+def pick_rows(tensor: torch.Tensor, rows: torch.Tensor, prompts: int) -> torch.Tensor:
+    """tensor[rows] as a product with a one-hot matrix: the same values, and a backward that adds the rows sharing a
+    prompt in a fixed order (see `select_rows`)."""
+    return torch.einsum("rp,p...->r...", torch.nn.functional.one_hot(rows, prompts).to(tensor.dtype), tensor)
 
 
 def shared_prefix_logps(model, batch: SharedPrefixBatch, temperature: float = 1.0) -> torch.Tensor:
@@ -174,7 +178,8 @@ def shared_prefix_logps(model, batch: SharedPrefixBatch, temperature: float = 1.
         **{CACHE: cache},
     )
     # The first completion token is predicted at the prompt's last position, the others inside the completion.
-    logits = torch.cat([encoded.logits[:, -1:][rows], continued.logits[:, :-1]], dim=1)
+    first = pick_rows(encoded.logits[:, -1:], rows, batch.prompt_ids.shape[0])  # not [rows]: see `select_rows`
+    logits = torch.cat([first, continued.logits[:, :-1]], dim=1)
     return chosen_logps(logits, batch.completion_ids.to(device), temperature)
 
 

@@ -36,7 +36,7 @@ MAX_WORKERS = 64  # worker processes of one kind: each loads its own model
 class RunConfig:
     domain: str = "toolcall"  # the domain where a measured CPU run shows learning (docs/RESULTS.md)
     mode: Mode = "genenv"
-    epochs: int = 6  # 0: until stopped (async runs only; SIGTERM or Ctrl-C stops them cleanly)
+    epochs: int = 4  # 0: until stopped (async runs only; SIGTERM or Ctrl-C stops them cleanly)
     tasks_per_epoch: int = 8  # simulator generations per epoch
     batch_size: int = 4  # tasks per curriculum batch (granularity "batch")
     group_size: int = 8  # rollouts per task (G): with 8, most tasks the agent solves sometimes get a mixed group
@@ -50,8 +50,10 @@ class RunConfig:
     generation_batch_size: int = 32
     max_generation_attempts: int = 4  # rounds of simulator generation to reach tasks_per_epoch valid tasks
     # Dynamic sampling (DAPO; verl's filter_groups): up to this many rounds of new tasks an epoch in place of groups
-    # whose rollouts all agree (no GRPO advantage), until tasks_per_epoch groups are mixed. 0: none.
-    refill_rounds: int = 2
+    # whose rollouts all agree (no GRPO advantage), until tasks_per_epoch groups are mixed. 0: none. A round costs
+    # about as much as the epoch's own rollouts and gave about one mixed group (docs/RESULTS.md, e9), so the default
+    # spends that time on epochs instead.
+    refill_rounds: int = 0
     validation_size: int = 200  # held-out tasks scored greedily (in batches) before training and after the last epoch
     # After the other epochs' updates, only the first validation_subset of them (stratified by level like the whole
     # set: 5 per toolcall level for 40), with its interval in the report; 0 (or >= validation_size): the whole set.
@@ -75,19 +77,22 @@ class RunConfig:
     # Task granularity: with 8 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
     # G = 8 a task's p_hat is a multiple of 0.125, and k = 0.25 keeps those solved 2 to 6 times in 8.
     curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(granularity="task", k=0.25))
-    # A step per mixed group (its 8 rollouts, one micro-batch sharing their prompt), 2 passes, one AdamW carried
-    # across the run's updates with a warmup of 8 steps: measured to teach the agent (docs/RESULTS.md; 3 passes
-    # undid it).
+    # Two steps per mixed group (4 of its rollouts each, sharing their prompt), 2 passes, one AdamW carried across the
+    # run's updates with a warmup of 8 steps; DAPO's clip-higher (epsilon_high) against the collapse of the variety a
+    # group needs; and PPO-ptx on the warm start's answers, so that what no mixed group covers (the multi-call answers)
+    # does not decay. Measured to teach the agent, run e10 of docs/RESULTS.md (3 passes undid it; ptx_coef 1.0 made
+    # every group agree).
     agent: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
             learning_rate=3e-5,
-            per_device_train_batch_size=8,
+            per_device_train_batch_size=4,
             gradient_accumulation_steps=1,
             num_iterations=2,
             lr_scheduler_type="constant_with_warmup",
             warmup_steps=8,
             temperature=1.0,
-            ptx_coef=1.0,
+            epsilon_high=0.28,
+            ptx_coef=0.3,
         )
     )
     # Steps of 8 generations in micro-batches of 2: the simulator's prompts are long (four candidates), and a
