@@ -4,7 +4,8 @@ When no bootstrap servers are configured (flag or GENENV_KAFKA_BOOTSTRAP), the
 CLI starts one on a free loopback port with memory storage, waits until it
 answers a Kafka metadata request, and stops it when the process exits: on
 return, on Ctrl-C, on an exception, and (through atexit and a SIGTERM handler)
-when the interpreter shuts down (the CLI turns SIGTERM into a normal exit). The broker's contents die with it;
+when the interpreter shuts down (the CLI turns SIGTERM into a normal exit). On Linux the broker is also told to
+stop when its parent dies without a word (SIGKILL, the OOM killer): PR_SET_PDEATHSIG. The broker's contents die with it;
 the durable record of a run is the lake's bronze tables.
 """
 
@@ -12,10 +13,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -105,6 +109,13 @@ def require_broker(bootstrap: str, wait_s: float | None = None) -> str:
     return bootstrap
 
 
+def _stop_with_parent() -> None:
+    """Run in the broker's process before it becomes Tansu: the kernel sends it SIGTERM when the thread that started
+    it dies, however that happens (prctl PR_SET_PDEATHSIG; a killed run otherwise left its broker running)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
 def terminate(process: subprocess.Popen, timeout_s: float = 30) -> None:
     """SIGTERM, then SIGKILL if the process has not exited within timeout_s."""
     if process.poll() is not None:
@@ -150,6 +161,7 @@ class LocalBroker:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,  # a terminal's Ctrl-C reaches the command, which stops the broker last
+            preexec_fn=_stop_with_parent if sys.platform == "linux" else None,
         )
         _live_brokers.add(self)
         deadline = time.monotonic() + self.startup_timeout_s

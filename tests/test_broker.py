@@ -97,3 +97,32 @@ def test_genenv_broker_prints_its_address_and_stops_on_ctrl_c():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_killed_command_does_not_leave_its_broker_running():
+    """SIGKILL gives the command no chance to stop its broker: the kernel's parent-death signal does it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", "broker"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        address = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and address is None:
+            line = proc.stdout.readline()
+            if line.startswith("127.0.0.1:"):
+                address = line.strip()
+        assert address and broker_answers(address)
+        brokers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "tansu" in c.name()]
+        assert brokers
+        proc.kill()
+        proc.wait(timeout=30)
+        gone, alive = psutil.wait_procs(brokers, timeout=30)
+        assert not alive, [p.pid for p in alive]
+        assert not broker_answers(address, timeout_s=0.5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
