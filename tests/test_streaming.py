@@ -348,6 +348,7 @@ def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
     assert run.returncode == 1, out[-2000:] + err[-2000:]
     line = [text for text in err.splitlines() if "--resume" in text]
     assert line and "stopped answering" in line[0], err[-2000:]
+    assert not [text for text in err.splitlines() if " kafka" in text and "ERROR" in text], err[-2000:]
     run_id = line[0].split("--resume ")[1].split()[0]
 
     resumed = subprocess.run(

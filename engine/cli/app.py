@@ -58,7 +58,9 @@ def _on_sigterm(signum, frame):  # a normal exit, so context managers stop the l
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.ERROR)
+    # kafka-python logs every failed reconnect at ERROR (a broker that dies mid-run gave ~170 lines before genenv's
+    # own one-line message, which says what happened and how to resume); GENENV_DEBUG=1 shows them.
+    logging.getLogger("kafka").setLevel(logging.ERROR if os.environ.get("GENENV_DEBUG") else logging.CRITICAL)
     # The CLI shows its own progress: no per-file bars from transformers / huggingface_hub (read at their import,
     # so no need to import them here, which would slow every command's start).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
