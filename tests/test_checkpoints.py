@@ -100,3 +100,32 @@ def test_pruning_keeps_the_last_versions_and_their_parents_says_why_and_keeps_ev
     with pytest.raises(CheckpointError, match="is not in the lake"):
         load_checkpoint(pool_lake, "agent", 1)
     load_checkpoint(pool_lake, "agent", 2)  # the kept parent still loads
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs (mounting needs root, as on the project's CI machines; elsewhere the test skips)."""
+    import subprocess
+
+    folder = tmp_path / "small-disk"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()[:100]}")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_a_checkpoint_on_a_full_disk_is_one_named_error_and_leaves_no_partial_folder(small_disk):
+    from engine.cli.app import DISK_FULL, disk_full
+    from trainers import OptimizerState
+
+    loaded = load_model("tiny")
+    state = OptimizerState({"state": {0: {"exp_avg": torch.zeros(2**18)}}, "param_groups": []}, step=3)
+    target = small_disk / "checkpoints" / "agent" / "v2"
+    target.parent.mkdir(parents=True)
+    with pytest.raises(OSError) as caught:
+        save_checkpoint(loaded.model, loaded.tokenizer, target, {"version": 2}, optimizer=state)
+    assert caught.value.errno == 28 and str(target) in str(caught.value)  # ENOSPC, naming what was being written
+    assert disk_full(caught.value) and "genenv lake prune" in DISK_FULL
+    assert list(target.parent.iterdir()) == []  # neither the checkpoint nor its .partial folder

@@ -25,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import shutil
@@ -109,6 +110,9 @@ def config_hash(config) -> str:
 SHARD_SIZE = "2GB"  # weights above it are written as shards with a manifest (lake/registry.py)
 
 
+LOW_DISK_BYTES = 64 * 2**20  # less than this free after a failed write: the disk is what failed
+
+
 def save_checkpoint(
     model,
     tokenizer,
@@ -123,13 +127,24 @@ def save_checkpoint(
     the weights' sha256 (of the one file, or of the shards' manifest)."""
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial, safe_serialization=True, max_shard_size=max_shard_size, state_dict=state_dict)
-    tokenizer.save_pretrained(partial)
-    if optimizer is not None and optimizer.optimizer is not None:
-        torch.save({"optimizer": optimizer.optimizer, "step": optimizer.step}, partial / OPTIMIZER)
-        manifest = {**manifest, "optimizer_sha256": file_sha256(partial / OPTIMIZER), "optimizer_step": optimizer.step}
-    sha = write_weights_manifest(partial)
-    (partial / MANIFEST).write_text(json.dumps({**manifest, "sha256": sha}, indent=2, sort_keys=True))
+    try:
+        model.save_pretrained(partial, safe_serialization=True, max_shard_size=max_shard_size, state_dict=state_dict)
+        tokenizer.save_pretrained(partial)
+        if optimizer is not None and optimizer.optimizer is not None:
+            torch.save({"optimizer": optimizer.optimizer, "step": optimizer.step}, partial / OPTIMIZER)
+            manifest = {
+                **manifest,
+                "optimizer_sha256": file_sha256(partial / OPTIMIZER),
+                "optimizer_step": optimizer.step,
+            }
+        sha = write_weights_manifest(partial)
+        (partial / MANIFEST).write_text(json.dumps({**manifest, "sha256": sha}, indent=2, sort_keys=True))
+    except Exception as exc:  # torch's, safetensors' and the tokenizer's writers each raise their own kind
+        # torch.save on a full disk says only "unexpected pos N vs M": ask the file system, and say what it is.
+        shutil.rmtree(partial, ignore_errors=True)
+        if shutil.disk_usage(partial.parent).free < LOW_DISK_BYTES:
+            raise OSError(errno.ENOSPC, f"No space left on device writing checkpoint {target}") from exc
+        raise
     # A folder left by a run that died before publishing is not a checkpoint of record: replace it.
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)

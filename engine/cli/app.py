@@ -8,6 +8,7 @@ traceback. GENENV_DEBUG=1 shows the traceback of all of them.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -50,6 +51,26 @@ def known_errors() -> tuple[type[BaseException], ...]:
         if module in sys.modules:
             kinds += [getattr(sys.modules[module], name) for name in names]
     return tuple(kinds)
+
+
+DISK_FULL = (
+    "no space left on device: free some (`genenv lake prune --lake PATH --keep-last N --apply` deletes old "
+    "checkpoint folders), then continue a run with `genenv run --resume RUN_ID` (GENENV_DEBUG=1 shows the traceback)"
+)
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether an exception, or one it was raised from, is a full disk: an OSError with ENOSPC, or the text that
+    torch's and safetensors' writers put in their own exceptions for it."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        if any(text in str(exc) for text in ("No space left on device", "StorageFull", "os error 28")):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _on_sigterm(signum, frame):  # a normal exit, so context managers stop the local broker
@@ -99,6 +120,9 @@ def main() -> None:
         )
         sys.exit(2)
     except Exception as exc:
+        if disk_full(exc) and not os.environ.get("GENENV_DEBUG"):  # a fault, not bad input: exit 1
+            err.print(f"[bold red]error:[/] {escape(DISK_FULL)}", highlight=False)
+            sys.exit(1)
         if not isinstance(exc, known_errors()) or os.environ.get("GENENV_DEBUG"):
             raise
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
