@@ -71,7 +71,8 @@ def test_a_configured_broker_that_does_not_answer_is_one_error_within_the_stated
             pass
 
 
-def test_genenv_broker_prints_its_address_and_stops_on_ctrl_c():
+def genenv_broker() -> tuple[subprocess.Popen, str, list[psutil.Process]]:
+    """`genenv broker` started as a user starts it: the process, the address it printed, its Tansu children."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "engine.cli", "broker"],
         cwd=ROOT,
@@ -79,49 +80,29 @@ def test_genenv_broker_prints_its_address_and_stops_on_ctrl_c():
         stderr=subprocess.PIPE,
         text=True,
     )
+    address = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and address is None:
+        line = proc.stdout.readline()
+        if line.startswith("127.0.0.1:"):
+            address = line.strip()
+    brokers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "tansu" in c.name()]
+    return proc, address, brokers
+
+
+@pytest.mark.parametrize("how", ["ctrl_c", "sigkill"])
+def test_genenv_broker_stops_its_broker_on_ctrl_c_and_when_killed(how):
+    """Ctrl-C: the command stops its broker. SIGKILL gives it no chance: the kernel's parent-death signal does."""
+    proc, address, brokers = genenv_broker()
     try:
-        address = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and address is None:
-            line = proc.stdout.readline()
-            if line.startswith("127.0.0.1:"):
-                address = line.strip()
-        assert address and broker_answers(address)
-        children = psutil.Process(proc.pid).children(recursive=True)
-        assert any("tansu" in c.name() for c in children)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
-        for child in children:
-            assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
-        assert not broker_answers(address, timeout_s=0.5)
-    finally:
-        if proc.poll() is None:
+        assert address and broker_answers(address) and brokers
+        if how == "ctrl_c":
+            proc.send_signal(signal.SIGINT)
+        else:
             proc.kill()
-
-
-def test_a_killed_command_does_not_leave_its_broker_running():
-    """SIGKILL gives the command no chance to stop its broker: the kernel's parent-death signal does it."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "engine.cli", "broker"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        address = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and address is None:
-            line = proc.stdout.readline()
-            if line.startswith("127.0.0.1:"):
-                address = line.strip()
-        assert address and broker_answers(address)
-        brokers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "tansu" in c.name()]
-        assert brokers
-        proc.kill()
         proc.wait(timeout=30)
-        gone, alive = psutil.wait_procs(brokers, timeout=30)
-        assert not alive, [p.pid for p in alive]
+        _, alive = psutil.wait_procs(brokers, timeout=30)
+        assert all(p.status() == psutil.STATUS_ZOMBIE for p in alive), [p.pid for p in alive]
         assert not broker_answers(address, timeout_s=0.5)
     finally:
         if proc.poll() is None:
