@@ -77,15 +77,15 @@ class RunConfig:
     # Task granularity: with 8 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
     # G = 8 a task's p_hat is a multiple of 0.125, and k = 0.25 keeps those solved 2 to 6 times in 8.
     curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(granularity="task", k=0.25))
-    # Two steps per mixed group (4 of its rollouts each, sharing their prompt), 2 passes, one AdamW carried across the
-    # run's updates with a warmup of 8 steps; DAPO's clip-higher (epsilon_high) against the collapse of the variety a
-    # group needs; and PPO-ptx on the warm start's answers, so that what no mixed group covers (the multi-call answers)
-    # does not decay. Measured to teach the agent, run e10 of docs/RESULTS.md (3 passes undid it; ptx_coef 1.0 made
-    # every group agree).
+    # Four steps per mixed group (2 of its rollouts each, sharing their prompt), 2 passes, one AdamW carried across
+    # the run's updates with a warmup of 8 steps; DAPO's clip-higher (epsilon_high) against the collapse of the variety
+    # a group needs; and PPO-ptx on the warm start's answers, so that what no mixed group covers (the multi-call
+    # answers) does not decay. Measured to teach the agent, run e13 of docs/RESULTS.md (3 passes undid it; ptx_coef
+    # 1.0 made every group agree; steps of 4 rows gave 24-40 steps a run).
     agent: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
             learning_rate=3e-5,
-            per_device_train_batch_size=4,
+            per_device_train_batch_size=2,
             gradient_accumulation_steps=1,
             num_iterations=2,
             lr_scheduler_type="constant_with_warmup",
@@ -222,6 +222,7 @@ PROFILES: dict[str, dict] = {
         "refill_rounds": 1,
         # a random tiny model's groups are almost all alike: keep them, so every epoch has an update to test
         "agent.filter_groups": False,
+        "agent.per_device_train_batch_size": 4,  # one step per group of 4 and pass: a few steps an update
         "warm_start_tasks": 16,
         "warm_start_epochs": 150,
         "warm_start_learning_rate": 5e-3,
