@@ -90,13 +90,11 @@ def answer_nll(loaded, anchor: pl.DataFrame) -> float:
     """The mean token NLL of the anchor's texts given their prompts, as the ptx term computes it."""
     import torch
 
-    from trainers.batching import completion_logps, pack
+    from trainers.batching import completion_logps, pack, supervised_ids
     from trainers.losses import token_nll
 
     tok = loaded.tokenizer
-    prompts = tok(anchor["prompt"].to_list(), add_special_tokens=False)["input_ids"]
-    texts = [ids + [tok.eos_token_id] for ids in tok(anchor["text"].to_list(), add_special_tokens=False)["input_ids"]]
-    batch = pack(prompts, texts, tok.pad_token_id)
+    batch = pack(*supervised_ids(tok, anchor["prompt"].to_list(), anchor["text"].to_list()), tok.pad_token_id)
     with torch.no_grad():
         return token_nll(completion_logps(loaded.model, batch), batch.completion_mask).item()
 

@@ -41,6 +41,14 @@ class TokenBatch:
         return self.completion_ids.shape[1]
 
 
+def supervised_ids(tokenizer, prompts: list[str], texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids of (prompt, text) rows for a supervised loss (RWR, the warm start, GRPO's ptx term): the texts end
+    with end-of-sequence, so the model learns where to stop."""
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    text_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return prompt_ids, [ids + [tokenizer.eos_token_id] for ids in text_ids]
+
+
 def pack(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int) -> TokenBatch:
     if len(prompt_ids) != len(completion_ids) or not prompt_ids:
         raise ValueError("pack needs one completion per prompt and at least one row")

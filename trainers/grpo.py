@@ -29,7 +29,7 @@ from typing import Literal
 import polars as pl
 import torch
 
-from .batching import SharedPrefixBatch, TokenBatch, completion_logps, pack, pack_shared
+from .batching import SharedPrefixBatch, TokenBatch, completion_logps, pack, pack_shared, supervised_ids
 from .distributed import rank_batches
 from .loop import OptimConfig, Trainer
 from .losses import GRPOLossConfig, group_advantages, grpo_loss, token_nll
@@ -173,9 +173,7 @@ class GRPOTrainer(Trainer):
         if self.anchor is None:
             return []
         cfg, tok, rows = self.config, self.tokenizer, self.anchor
-        prompts = tok(rows["prompt"].to_list(), add_special_tokens=False)["input_ids"]
-        texts = tok(rows["text"].to_list(), add_special_tokens=False)["input_ids"]
-        answers = [ids + [tok.eos_token_id] for ids in texts]  # trained up to end-of-sequence, as in the warm start
+        prompts, answers = supervised_ids(tok, rows["prompt"].to_list(), rows["text"].to_list())
         order = torch.randperm(rows.height, generator=torch.Generator().manual_seed(cfg.seed + 1)).tolist()
         size = cfg.ptx_batch_size
         batches = []

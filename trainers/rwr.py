@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import polars as pl
 import torch
 
-from .batching import TokenBatch, completion_logps, pack
+from .batching import TokenBatch, completion_logps, pack, supervised_ids
 from .distributed import rank_batches
 from .loop import OptimConfig, Trainer
 from .losses import rwr_loss, rwr_weights
@@ -67,10 +67,7 @@ class RWRTrainer(Trainer):
     def micro_batches(self, rows: pl.DataFrame) -> list[MicroBatch]:
         cfg, tok = self.config, self.tokenizer
         weights = rwr_weights(torch.tensor(rows["env_reward"].to_list()), cfg.weight_temperature) * rows.height
-        prompts = tok(rows["prompt"].to_list(), add_special_tokens=False)["input_ids"]
-        # The text is trained on up to and including end-of-sequence, so the model learns where to stop.
-        texts = tok(rows["text"].to_list(), add_special_tokens=False)["input_ids"]
-        generations = [ids + [tok.eos_token_id] for ids in texts]
+        prompts, generations = supervised_ids(tok, rows["prompt"].to_list(), rows["text"].to_list())
         order = torch.randperm(rows.height, generator=torch.Generator().manual_seed(cfg.seed)).tolist()
         batches = []
         for indices in rank_batches(order, cfg.per_device_train_batch_size, self.rank, self.world):
