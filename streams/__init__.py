@@ -23,6 +23,7 @@ from .events import (
 from .kafka import (
     ALL_TOPICS,
     DEFAULT_PARTITIONS,
+    DeliveryError,
     EventProducer,
     assigned_consumer,
     cluster_id,
@@ -35,6 +36,7 @@ __all__ = [
     "ALL_TOPICS",
     "BOOTSTRAP_ENV",
     "DEFAULT_PARTITIONS",
+    "DeliveryError",
     "EVENT_TYPES",
     "KIND_OF_TOPIC",
     "SCHEMA_VERSION",

@@ -20,7 +20,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
 from .events import TOPICS, Event
 
@@ -77,10 +77,21 @@ def cluster_id(bootstrap: str) -> str:
         admin.close()
 
 
-class EventProducer:
-    """Publishes events as JSON, keyed by task id; idempotent with acks=all."""
+class DeliveryError(KafkaError):
+    """Events the broker did not acknowledge. Whoever sent them must not commit the input they came from: read
+    again after a restart, it is produced again, and the ingest's idempotent ids keep the lake's copy single.
+    A KafkaError, so that every handler of broker failures (a worker's retry, the CLI's one line) treats it so."""
 
-    def __init__(self, bootstrap: str, client_id: str = "genenv", linger_ms: int = 5):
+
+class EventProducer:
+    """Publishes events as JSON, keyed by task id; idempotent with acks=all.
+
+    `publish` is the one way to send a batch whose delivery matters: kafka-python's flush() only logs a failed
+    batch, and a dropped send() future hides it, so publish looks at every future and raises DeliveryError."""
+
+    def __init__(
+        self, bootstrap: str, client_id: str = "genenv", linger_ms: int = 5, delivery_timeout_ms: int = 120_000
+    ):
         self._producer = KafkaProducer(
             bootstrap_servers=bootstrap,
             client_id=client_id,
@@ -88,8 +99,24 @@ class EventProducer:
             enable_idempotence=True,
             linger_ms=linger_ms,
             max_in_flight_requests_per_connection=5,
+            delivery_timeout_ms=delivery_timeout_ms,  # a send the broker has not acknowledged by then fails
+            request_timeout_ms=min(30_000, delivery_timeout_ms // 2),  # kafka-python: below delivery - linger
             **security(),
         )
+
+    def publish(self, events: Iterable[Event], timeout_s: float | None = None) -> int:
+        """Send the events and wait until the broker has acknowledged every one; the number sent. Raises
+        DeliveryError (naming how many failed and the first reason) when any was not delivered."""
+        futures = [self.send(event) for event in events]
+        try:
+            self.flush(timeout_s)
+        except KafkaTimeoutError as exc:
+            raise DeliveryError(f"{len(futures)} events not acknowledged within {timeout_s}s") from exc
+        failed = [f for f in futures if not f.is_done or f.failed()]
+        if failed:
+            first = failed[0].exception if failed[0].is_done else "not acknowledged"
+            raise DeliveryError(f"{len(failed)} of {len(futures)} events not delivered: {first}")
+        return len(futures)
 
     def send(self, event: Event, topic: str | None = None):
         return self._producer.send(topic or event.TOPIC, key=event.key.encode(), value=event.to_json())
@@ -101,9 +128,9 @@ class EventProducer:
     def flush(self, timeout_s: float | None = None) -> None:
         self._producer.flush(timeout=timeout_s)
 
-    def close(self) -> None:
-        self._producer.flush()
-        self._producer.close()
+    def close(self, timeout_s: float | None = None) -> None:
+        """Deliver what is pending (waiting at most timeout_s) and disconnect."""
+        self._producer.close(timeout=timeout_s)
 
     def __enter__(self) -> EventProducer:
         return self

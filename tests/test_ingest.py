@@ -39,7 +39,16 @@ from lake import (
     versions,
 )
 from lake.tables import SCHEMAS, bronze
-from streams import ALL_TOPICS, CheckpointPublished, EventProducer, LocalBroker, RewardScored, RolloutCompleted
+from streams import (
+    ALL_TOPICS,
+    CheckpointPublished,
+    DeliveryError,
+    EventProducer,
+    LocalBroker,
+    RewardScored,
+    RolloutCompleted,
+    ensure_topics,
+)
 
 FAST = IngestConfig(max_batch_ms=300, max_wait_s=2.0)
 
@@ -69,6 +78,38 @@ def test_a_lake_fed_by_a_new_broker_takes_its_log_from_offset_zero(broker, lake,
         second = epoch_events(run_id="second", tasks=4, group=2)
         publish(second_broker.bootstrap, second)
         run_ingest(lake, second_broker, runner)
+    for kind in ("task", "rollout", "reward", "batch"):
+        assert sorted(event_ids(lake, kind)) == sorted(e.event_id for e in first + second if e.KIND == kind)
+    assert read_table(lake, QUARANTINE).height == 0
+
+
+@pytest.mark.integration
+def test_a_batch_the_broker_did_not_take_is_an_error_and_lands_once_when_sent_again(lake, runner):
+    """Delivery before commit: the broker stops between send and flush; publish raises DeliveryError (so a worker
+    does not commit the input the batch came from), and the batch sent again, with the one before it that a
+    re-reading worker produces a second time, lands in the lake once."""
+    first, second = epoch_events(run_id="kept", tasks=4, group=2), epoch_events(run_id="lost", tasks=4, group=2)
+    broker = LocalBroker().start()
+    ensure_topics(broker.bootstrap)
+    producer = None
+    try:
+        producer = EventProducer(broker.bootstrap, delivery_timeout_ms=3000)
+        assert producer.publish(first) == len(first)
+        run_ingest(lake, broker, runner)
+        broker.stop()
+        started = time.monotonic()
+        with pytest.raises(DeliveryError, match=rf"{len(second)} of {len(second)} events not delivered"):
+            producer.publish(second)
+        assert time.monotonic() - started < 30  # within the delivery timeout and its one request, not minutes
+    finally:
+        if producer is not None:
+            producer.close(timeout_s=1)
+        broker.stop()
+    with LocalBroker() as again:
+        ensure_topics(again.bootstrap)
+        with EventProducer(again.bootstrap) as producer:
+            producer.publish(first + second)
+        run_ingest(lake, again, runner)
     for kind in ("task", "rollout", "reward", "batch"):
         assert sorted(event_ids(lake, kind)) == sorted(e.event_id for e in first + second if e.KIND == kind)
     assert read_table(lake, QUARANTINE).height == 0

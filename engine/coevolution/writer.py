@@ -29,10 +29,7 @@ class LakeWriter:
         self._start = self.ingestor.stats.records  # records refined while recovering are not ours
 
     def publish(self, events: list[Event]) -> None:
-        for event in events:
-            self.producer.send(event)
-        self.producer.flush()
-        self.sent += len(events)
+        self.sent += self.producer.publish(events)  # DeliveryError when any is not acknowledged
 
     def land(self) -> None:
         """Ingest until everything published so far is in the lake."""
@@ -68,7 +65,7 @@ def publish_checkpoint(
         pass
     event = checkpoint_event(record, run_id, epoch)
     with EventProducer(bootstrap, client_id="genenv-trainer") as producer:
-        producer.send(event)
+        producer.publish([event])
     deadline = time.monotonic() + REGISTER_WAIT_S
     while latest_version(lake, record.model_kind) < record.version:
         if time.monotonic() > deadline:

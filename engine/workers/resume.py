@@ -52,6 +52,4 @@ def republish(lake: Lake, bootstrap: str, run_id: str) -> int:
         return 0
     events = unfinished(lake, run_id)
     with EventProducer(bootstrap, client_id="genenv-resume") as producer:
-        for event in events:
-            producer.send(event)
-    return len(events)
+        return producer.publish(events)

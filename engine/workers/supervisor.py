@@ -117,8 +117,7 @@ class Supervisor:
         try:
             if self._producer is None:
                 self._producer = EventProducer(self.bootstrap, client_id="genenv-supervisor")
-            self._producer.send(event)
-            self._producer.flush(timeout_s=10)
+            self._producer.publish([event], timeout_s=10)
         except KafkaError as exc:  # the broker is down: the restart still happens (the launcher notices the broker)
             self.say(f"supervisor: could not record the restart of {event.worker}: {exc.__class__.__name__}")
 

@@ -159,9 +159,8 @@ class Worker:
         return None
 
     def publish(self, events) -> None:
-        for event in events:
-            self.producer.send(event)
-        self.producer.flush()
+        """Every event acknowledged, or DeliveryError (a KafkaError: run() retries from the committed offsets)."""
+        self.producer.publish(events)
 
     def commit(self, offsets=None) -> None:
         """Commit after the work is published. A commit refused because the group rebalanced meanwhile loses
