@@ -1,6 +1,7 @@
 """Delta Lake: tables, exactly-once ingest, Great Expectations suites, pools, snapshots, rebuilds from bronze,
 a run's rows, and the checkpoint registry's rules; a lake on a local disk or in an s3:// bucket."""
 
+from .expectations import LATE_CHECK
 from .ingest import CommitRecord, IngestConfig, Ingestor, IngestStats, ingest, lag
 from .lease import LeaseHeld
 from .rebuild import rebuild_to, record_at
@@ -36,6 +37,7 @@ from .tables import (
 )
 
 __all__ = [
+    "LATE_CHECK",
     "CHECKPOINTS",
     "D_ENV",
     "WEIGHTS",

@@ -56,6 +56,9 @@ VALUE_SETS: dict[str, list[tuple[str, list]]] = {
     "restart": [("role", ["simulator", "rollout", "reward", "train-agent", "train-env", "ingest"])],
 }
 REFERS_TO_TASK = {"rollout", "reward"}
+# The check a rollout or reward fails when its task has not landed (SuiteRunner.suite): the one failure the
+# refiner undoes, re-admitting the row when its task lands (lake/refine.py).
+LATE_CHECK = "expect_column_values_to_not_be_in_set(task_id)"
 ID_COLUMNS = {"event_id", "run_id", "task_id", "batch_id", "rollout_id", "producer", "domain", "worker"}
 
 

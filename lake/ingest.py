@@ -21,9 +21,11 @@ Invariants (the kafka-delta-ingest way, extended to the derived tables):
 
 So every record Kafka offers lands once in bronze and once in exactly one of
 silver/<kind> or silver/quarantine (or, a second copy of an event that landed with
-the same content, is counted as a redelivery), however often the ingestor is
-killed. No record can stop a step (lake/refine.py), so a restart never meets a
-bronze row that stopped the last run.
+the same content, is counted as a redelivery; or, a rollout or reward quarantined
+only because its task had not landed, in the quarantine and then, once the task
+lands, in silver too), however often the ingestor is killed. No record can stop
+a step (lake/refine.py), so a restart never meets a bronze row that stopped the
+last run.
 Memory is bounded by the micro-batch (`max_batch_records`, `max_batch_bytes`; an
 event is at most 1 MiB), the rows waiting for their task (`max_pending`), and the
 id index of what has landed.
@@ -200,7 +202,7 @@ class Ingestor:
                 log.warning("restoring %s to version %d (a refine step did not complete)", name, expected)
                 self.lake.restore(name, expected)
         self.record = record
-        state = RefineState.load(self.lake, record.watermark)
+        state = RefineState.load(self.lake, record.watermark, max_late=self.config.max_pending)
         self.refiner = Refiner(
             state,
             self._runner,

@@ -9,7 +9,12 @@ start, so a restarted ingestor continues exactly where the last commit left.
 Topics are not ordered against each other: a rollout or reward whose task has
 not landed yet waits (at most `max_wait_s` seconds and `max_pending` rows, the
 oldest released first) and is validated when its task lands or its wait ends;
-only then does the reference check send it to quarantine.
+only then does the reference check send it to quarantine. Late is not wrong: a
+row quarantined for that check alone (LATE_CHECK) is kept, and re-admitted into
+silver when its task lands, in the same step as the task (its quarantine row
+stays, so the lake shows both; `late` in the state, rebuilt from the quarantine
+on start, bounded by `max_pending`). A restarted ingestor gives the rows it finds
+waiting a whole new wait, from its start.
 
 No record can stop a step (docs/EVENTS.md): each is decoded on its own (the event contract,
 streams/events.py), a suite that cannot be evaluated on a frame is run on its halves until the rows
@@ -25,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +51,7 @@ from streams.events import (
     field_types,
 )
 
-from .expectations import MAX_ID_CHARS, REFERS_TO_TASK, SuiteRunner
+from .expectations import LATE_CHECK, MAX_ID_CHARS, REFERS_TO_TASK, SuiteRunner
 from .registry import registry_refusal
 from .storage import LakeFiles
 from .tables import CHECKPOINTS, D_ENV, D_TRAIN, QUARANTINE, SCHEMAS, VALIDATIONS, Lake, silver
@@ -117,6 +123,7 @@ class RefineState:
     seen_ids: dict[str, set[str]] = field(default_factory=lambda: {k: set() for k in EVENT_TYPES})
     known_tasks: set[str] = field(default_factory=set)
     pending: dict[tuple[str, int, int], Parsed] = field(default_factory=dict)  # insertion order = arrival
+    late: dict[str, list[Parsed]] = field(default_factory=dict)  # task_id -> rows quarantined before it landed
     rollouts_waiting: dict[str, dict] = field(default_factory=dict)  # rollout_id -> silver rollout row
     rewards_waiting: dict[str, dict] = field(default_factory=dict)  # rollout_id -> silver reward row
     tasks_waiting: dict[str, dict] = field(default_factory=dict)  # task_id -> silver task row
@@ -124,9 +131,12 @@ class RefineState:
     registered: set[tuple[str, int]] = field(default_factory=set)  # (model_kind, version) in the registry
 
     @classmethod
-    def load(cls, lake: Lake, watermark: Watermark) -> RefineState:
-        """Derive the state from the tables as they stand after the last refine commit."""
+    def load(cls, lake: Lake, watermark: Watermark, now: float | None = None, max_late: int = 100_000) -> RefineState:
+        """Derive the state from the tables as they stand after the last refine commit. now: when the rows found
+        waiting for their task start their wait again (default: the clock; bronze's ingested_at would expire them
+        at once after a long stop). max_late: how many of the newest late rows are kept for re-admission."""
         state = cls()
+        now = time.time() if now is None else now
 
         def scan(table: str) -> pl.LazyFrame:
             return lake.scan(table)
@@ -185,8 +195,34 @@ class RefineState:
                     continue
                 if event.event_id in state.seen_ids[kind]:
                     continue  # a redelivery: dropped when it was refined
-                state.pending[record.coordinates] = Parsed(record, event, row["ingested_at"].timestamp())
+                state.pending[record.coordinates] = Parsed(record, event, now)
+
+        # Late rows: quarantined for their task alone, and not in silver since.
+        late = (
+            scan(QUARANTINE)
+            .filter(pl.col("kind").is_in(list(REFERS_TO_TASK)) & late_only())
+            .sort(["kafka_cluster", "topic", "kafka_partition", "kafka_offset"])
+            .tail(max_late)
+            .collect()
+        )
+        for row in late.iter_rows(named=True):
+            record = RawRecord(
+                row["kafka_cluster"], row["topic"], row["kafka_partition"], row["kafka_offset"],
+                row["kafka_timestamp"], None, row["raw"],
+            )  # fmt: skip
+            try:
+                event = decode(record.value)
+            except Exception:  # noqa: BLE001 (it decoded once; never let it stop a start)
+                continue
+            if event.event_id not in state.seen_ids[event.KIND]:
+                state.late.setdefault(event.task_id, []).append(Parsed(record, event, now))
         return state
+
+
+def late_only() -> pl.Expr:
+    """Quarantine rows whose only failed check is LATE_CHECK: valid, but their task had not landed."""
+    checks = pl.col("failed_checks")
+    return (checks.list.len() == 1) & (checks.list.first() == LATE_CHECK)
 
 
 def refined(marks: dict[str, dict[int, int]]) -> pl.Expr:
@@ -375,7 +411,9 @@ class Refiner:
             ready.append(pending.pop(oldest))
         return ready
 
-    def _validate(self, kind: str, rows: list[Parsed], out: RefineOutput, seq: int, now: float) -> None:
+    def _validate(
+        self, kind: str, rows: list[Parsed], out: RefineOutput, seq: int, now: float, suite: str | None = None
+    ) -> None:
         """The content suite, then first copies only and (checkpoints) the registry's rules, then the Arrow proof:
         what fails any of them goes to the quarantine, the rest lands in silver and on to gold."""
         state = self.state
@@ -385,6 +423,8 @@ class Refiner:
         failed, counts = self._verdict(kind, [p.event for p in rows], unknown)
         for i, (reason, checks) in failed.items():
             out.add(QUARANTINE, quarantine_row(rows[i].record, reason, checks, rows[i].event))
+            if checks == [LATE_CHECK]:
+                self._keep_late(rows[i])
         landing = self._landing(kind, [p for i, p in enumerate(rows) if i not in failed], out, counts)
         silver_rows = self._arrow_proof(kind, landing, out, counts)
         state.seen_ids[kind].update(row["event_id"] for row in silver_rows)
@@ -392,9 +432,31 @@ class Refiner:
             state.known_tasks.update(row["task_id"] for row in silver_rows)
         out.add(
             VALIDATIONS,
-            self._validation_row(seq, kind, f"genenv.{kind}", len(rows), len(silver_rows), dict(counts), now),
+            self._validation_row(seq, kind, suite or f"genenv.{kind}", len(rows), len(silver_rows), dict(counts), now),
         )
         self._to_gold(kind, silver_rows, out)
+        if kind == "task":
+            self._readmit([row["task_id"] for row in silver_rows], out, seq, now)
+
+    def _keep_late(self, parsed: Parsed) -> None:
+        """Remember a row quarantined only because its task had not landed (the oldest forgotten past max_pending:
+        it stays in the quarantine, and a restart finds it there again)."""
+        late = self.state.late
+        late.setdefault(parsed.event.task_id, []).append(parsed)
+        while sum(map(len, late.values())) > self.max_pending:
+            oldest = next(iter(late))
+            late[oldest].pop(0)
+            if not late[oldest]:
+                del late[oldest]
+
+    def _readmit(self, task_ids: list[str], out: RefineOutput, seq: int, now: float) -> None:
+        """The late rows of tasks that just landed, validated again (suite genenv.<kind>.late in silver/validations):
+        their task is known now, so what failed only for it lands in silver and on to the pools."""
+        back = [p for task_id in task_ids for p in self.state.late.pop(task_id, [])]
+        for kind in KIND_ORDER:
+            rows = [p for p in back if p.kind == kind]
+            if rows:
+                self._validate(kind, rows, out, seq, now, suite=f"genenv.{kind}.late")
 
     def _verdict(
         self, kind: str, events: list[Event], unknown: list[str] | None

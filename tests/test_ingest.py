@@ -18,10 +18,12 @@ import pytest
 from conftest import ROOT
 from demo_events import epoch_events, publish
 
+from engine.lineage import audit_epoch
 from lake import (
     CHECKPOINTS,
     D_ENV,
     D_TRAIN,
+    LATE_CHECK,
     QUARANTINE,
     VALIDATIONS,
     WEIGHTS,
@@ -250,6 +252,40 @@ def test_rollout_before_its_task_waits_instead_of_failing(broker, lake, runner):
     assert read_table(lake, silver("rollout")).height == 2
     assert read_table(lake, QUARANTINE).height == 0
     assert read_pool(lake, "d_train").height == 2
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("restart", [False, True], ids=["same-ingestor", "after-a-restart"])
+def test_a_rollout_quarantined_as_late_is_readmitted_when_its_task_lands(broker, lake, runner, restart):
+    """Late is not wrong: rollouts and rewards whose wait for their task ended are quarantined for that alone, and
+    land in silver and d_train when the task does, whether the same ingestor runs on or a new one starts."""
+    events = epoch_events(run_id="late", tasks=1, group=2)
+    tasks = [e for e in events if e.KIND == "task"]
+    publish(broker.bootstrap, [e for e in events if e.KIND != "task"])
+    config = IngestConfig(max_batch_ms=200, max_wait_s=0.5)
+    ingestor = Ingestor(lake, broker.bootstrap, config, runner=runner)
+    try:
+        ingestor.run(idle_exit_s=2.0)  # the wait ends while the topics are idle
+        quarantine = read_table(lake, QUARANTINE)
+        assert quarantine["failed_checks"].to_list() == [[LATE_CHECK]] * 4
+        assert read_table(lake, silver("rollout")).height == 0
+        if restart:
+            ingestor.close()
+            ingestor = Ingestor(lake, broker.bootstrap, config, runner=runner)
+            ingestor.run(idle_exit_s=0.5)
+            assert sum(map(len, ingestor.refiner.state.late.values())) == 4  # rebuilt from the quarantine
+        publish(broker.bootstrap, tasks)
+        ingestor.run(idle_exit_s=5.0, stop=lambda: not ingestor.refiner.state.late)
+    finally:
+        ingestor.close()
+    assert sorted(event_ids(lake, "rollout") + event_ids(lake, "reward")) == sorted(
+        e.event_id for e in events if e.KIND in ("rollout", "reward")
+    )
+    assert read_pool(lake, "d_train").height == 2
+    assert read_table(lake, QUARANTINE).height == 4  # the record of their lateness stays
+    late = read_table(lake, VALIDATIONS).filter(pl.col("suite").str.ends_with(".late"))
+    assert sorted(zip(late["suite"], late["passed"])) == [("genenv.reward.late", 2), ("genenv.rollout.late", 2)]
+    assert audit_epoch(lake, 0, "late")["late_readmitted"] == 4
 
 
 def redeliveries(lake: Lake) -> int:

@@ -18,7 +18,7 @@ from dataclasses import asdict
 
 import polars as pl
 
-from lake import CHECKPOINTS, D_ENV, D_TRAIN, POOLS, QUARANTINE, CommitRecord, Lake, silver
+from lake import CHECKPOINTS, D_ENV, D_TRAIN, LATE_CHECK, POOLS, QUARANTINE, CommitRecord, Lake, silver
 from streams import payload_of
 from trainers import KINDS, CheckpointError, manifest, registry
 from trainers.update import POOL_OF, SEED_VERSION, new_rows
@@ -298,6 +298,7 @@ def audit_epoch(lake: Lake, epoch: int, run_id: str | None = None) -> dict:
         "valid_share": round(generated["valid"].mean(), 4) if generated.height else None,
         "invalid_by_reason": _counts(invalid["invalid_reason"].to_list()),
         "quarantine_by_reason": quarantine_of(lake, run_id, epoch, set(tasks["task_id"])),
+        "late_readmitted": late_readmitted(lake, set(tasks["task_id"])),
         "rollouts_scored": rewards.height,
         "agent_success_rate": round(rewards["success"].mean(), 4) if rewards.height else None,
         "batches": batches.height,
@@ -334,6 +335,24 @@ def quarantine_of(lake: Lake, run_id: str, epoch: int, task_ids: set[str]) -> di
         if mine:
             reasons.append(row["failed_checks"][0] if row["failed_checks"] else "unknown")
     return _counts(reasons)
+
+
+def late_readmitted(lake: Lake, task_ids: set[str]) -> int:
+    """Rollouts and rewards of these tasks quarantined as late (LATE_CHECK alone) that landed in silver since, when
+    their task did: counted in quarantine_by_reason too, where their lateness stays on record."""
+    checks = pl.col("failed_checks")
+    late = (
+        scan(lake, QUARANTINE)
+        .filter((checks.list.len() == 1) & (checks.list.first() == LATE_CHECK) & pl.col("task_id").is_in(task_ids))
+        .select("kind", "event_id")
+        .collect()
+    )
+    landed = 0
+    for kind in ("rollout", "reward"):
+        ids = late.filter(pl.col("kind") == kind).select("event_id")
+        if ids.height:
+            landed += scan(lake, silver(kind)).select("event_id").join(ids.lazy(), on="event_id").collect().height
+    return landed
 
 
 def _counts(values: list) -> dict[str, int]:
