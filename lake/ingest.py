@@ -97,12 +97,19 @@ class CommitRecord:
 
     @classmethod
     def read(cls, lake: Lake) -> CommitRecord:
-        """The commit record of the last complete refine step (an empty one before the first)."""
-        for commit in lake.delta(VALIDATIONS).history():
-            raw = commit.get(COMMIT_RECORD_KEY)
-            if raw:
-                return cls.from_json(raw)
-        return cls.empty()
+        """The commit record of the last complete refine step (an empty one before the first). The newest commits
+        are read first, a few at a time: the record is almost always the newest, and the whole history grows with
+        the lake's age."""
+        table, limit = lake.delta(VALIDATIONS), 8
+        while True:
+            commits = table.history(limit=limit)  # newest first
+            for commit in commits:
+                raw = commit.get(COMMIT_RECORD_KEY)
+                if raw:
+                    return cls.from_json(raw)
+            if len(commits) < limit:
+                return cls.empty()
+            limit *= 8
 
     @classmethod
     def history(cls, lake: Lake) -> list[CommitRecord]:
