@@ -22,6 +22,7 @@ from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssi
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
+from .broker import BrokerError
 from .events import TOPICS, Event
 
 log = logging.getLogger(__name__)
@@ -52,20 +53,58 @@ def security() -> dict[str, str]:
 
 
 def ensure_topics(bootstrap: str, partitions: int = DEFAULT_PARTITIONS, topics: Iterable[str] = ALL_TOPICS) -> None:
-    """Create the genenv topics that do not exist yet (replication factor 1 is enough for one broker)."""
+    """Create the genenv topics that do not exist yet, with GENENV_KAFKA_REPLICATION_FACTOR replicas (default 1, enough
+    for one broker; a cluster's durability wants 3), and check the layout: every genenv topic is keyed by task id,
+    and the reward worker needs a task's events on the same partition of each topic, so their partition counts
+    must agree (TopicLayoutError otherwise). New topics take the count the existing genenv topics have (else
+    `partitions`); a count other than `partitions` is only logged."""
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions}")
+    replicas = replication_factor()
+    topics = list(topics)
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="genenv-admin", **security())
     try:
         existing = set(admin.list_topics())
-        missing = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing]
+        before = partition_counts(admin, [t for t in ALL_TOPICS if t in existing])
+        # New genenv topics take the count the others already have, so that they stay co-partitioned.
+        count = max(set(before.values()), key=list(before.values()).count) if before else partitions
+        missing = [NewTopic(t, num_partitions=count, replication_factor=replicas) for t in topics if t not in existing]
         if missing:
             try:
                 admin.create_topics(missing)
             except TopicAlreadyExistsError:
                 pass  # another worker created them first
+        counts = partition_counts(admin, [t for t in ALL_TOPICS if t in existing or t in topics])
     finally:
         admin.close()
+    if len(set(counts.values())) > 1:
+        layout = ", ".join(f"{t} {n}" for t, n in sorted(counts.items()))
+        raise TopicLayoutError(
+            f"the genenv topics have different partition counts ({layout}): a task's events must share a partition "
+            "number in every topic; give them one count (kafka-topics.sh --alter --partitions N on the smaller ones)"
+        )
+    for topic, count in counts.items():
+        if count != partitions:
+            log.warning("%s has %d partitions (asked for %d): the existing count is kept", topic, count, partitions)
+
+
+class TopicLayoutError(BrokerError):
+    """Topics whose partition counts disagree: the co-partitioning the reward worker relies on is broken."""
+
+
+def replication_factor() -> int:
+    """GENENV_KAFKA_REPLICATION_FACTOR, checked (default 1)."""
+    raw = os.environ.get("GENENV_KAFKA_REPLICATION_FACTOR", "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise BrokerError(f"GENENV_KAFKA_REPLICATION_FACTOR must be a whole number >= 1, got {raw!r}")
+    return int(raw)
+
+
+def partition_counts(admin: KafkaAdminClient, topics: list[str]) -> dict[str, int]:
+    """Topic -> number of partitions, as the cluster's metadata gives it."""
+    if not topics:
+        return {}
+    return {d["name"]: len(d["partitions"]) for d in admin.describe_topics(topics) if d.get("partitions")}
 
 
 def cluster_id(bootstrap: str) -> str:

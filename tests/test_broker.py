@@ -107,3 +107,38 @@ def test_genenv_broker_stops_its_broker_on_ctrl_c_and_when_killed(how):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_new_topics_take_the_existing_partition_count_and_a_mixed_layout_is_one_error(monkeypatch):
+    """Every genenv topic is keyed by task id and the reward worker reads a task's events from one partition
+    number in each: new topics join the count that is there, and topics that disagree stop the command."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    from streams import TOPICS, TopicLayoutError, ensure_topics
+    from streams.kafka import partition_counts
+
+    with LocalBroker() as local:
+        admin = KafkaAdminClient(bootstrap_servers=local.bootstrap, client_id="test")
+        try:
+            admin.create_topics([NewTopic(TOPICS["task"], num_partitions=2, replication_factor=1)])
+            ensure_topics(local.bootstrap, partitions=3)
+            assert set(partition_counts(admin, list(TOPICS.values())).values()) == {2}
+        finally:
+            admin.close()
+    with LocalBroker() as local:
+        admin = KafkaAdminClient(bootstrap_servers=local.bootstrap, client_id="test")
+        try:
+            admin.create_topics(
+                [
+                    NewTopic(TOPICS["task"], num_partitions=2, replication_factor=1),
+                    NewTopic(TOPICS["rollout"], num_partitions=4, replication_factor=1),
+                ]
+            )
+        finally:
+            admin.close()
+        with pytest.raises(TopicLayoutError, match=r"different partition counts .*genenv\.rollouts 4.*genenv\.tasks 2"):
+            ensure_topics(local.bootstrap)
+        monkeypatch.setenv("GENENV_KAFKA_REPLICATION_FACTOR", "two")
+        with pytest.raises(BrokerError, match="GENENV_KAFKA_REPLICATION_FACTOR must be a whole number"):
+            ensure_topics(local.bootstrap)
