@@ -45,7 +45,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction
 
-from streams.events import EVENT_TYPES, content_digest, field_types
+from streams.events import EVENT_TYPES, TOPICS, content_digest, decode, field_types
 from streams.kafka import ALL_TOPICS, assigned_consumer, cluster_id, ensure_topics, partitions_of
 
 from .lease import LEASES, TTL_S, Lease
@@ -286,7 +286,27 @@ class Ingestor:
             self.lease.renew_if_due()  # LeaseHeld if another ingestor took the lake meanwhile: write nothing
         with self.stats.timed("bronze"):
             self.write_bronze(batch)
+        self._verify_checkpoints(batch)
         self._refine_and_commit(batch)
+
+    def _verify_checkpoints(self, batch: list[RawRecord]) -> None:
+        """Hash the weights of the batch's CheckpointPublished events before the refine step, with the lease kept
+        alive meanwhile (Refiner.verify): the step itself stays short, and a slow hash does not lose the lake."""
+        events = []
+        for record in batch:
+            if record.topic == TOPICS["checkpoint"]:
+                try:
+                    event = decode(record.value)
+                except Exception:  # noqa: BLE001 (the refine step quarantines it with its reason)
+                    continue
+                if event.KIND == "checkpoint":
+                    events.append(event)
+        if not events:
+            return
+        alive = self.lease.kept_alive() if self.lease is not None else contextlib.nullcontext()
+        with alive, self.stats.timed("verify"):
+            for event in events:
+                self.refiner.verify(event)
 
     def write_bronze(self, batch: list[RawRecord]) -> None:
         now = datetime.now(UTC)

@@ -26,9 +26,11 @@ fit an ingestor that assigns itself every partition and keeps its offsets in the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
@@ -126,6 +128,30 @@ class Lease:
         """Renew once a third of the TTL has passed (LeaseHeld if it was lost meanwhile: stop writing)."""
         if time.monotonic() - self.renewed_at >= self.ttl_s / 3:
             self.take()
+
+    @contextlib.contextmanager
+    def kept_alive(self):
+        """Renew the lease from a thread while the block runs (a long step: hashing a large checkpoint takes more
+        than a TTL). A renewal that fails is raised here, after the block: the holder must not write then."""
+        done, failed = threading.Event(), []
+
+        def renew() -> None:
+            while not done.wait(self.ttl_s / 6):
+                try:
+                    self.renew_if_due()
+                except Exception as exc:  # noqa: BLE001 (handed to the caller below)
+                    failed.append(exc)
+                    return
+
+        thread = threading.Thread(target=renew, name=f"lease-{self.name}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+        if failed:
+            raise failed[0]
 
     def release(self) -> None:
         """Give the lease up (it expires now), if it is still ours."""

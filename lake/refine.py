@@ -339,6 +339,7 @@ class Refiner:
         self.max_pending = max_pending
         self.landed_digests = landed_digests or (lambda kind, ids: {})
         self.checkpoint_files = checkpoint_files  # the lake whose checkpoints/ folder a CheckpointPublished must name
+        self.verified: dict[tuple, tuple[str, str] | None] = {}  # verify(): the next step's checkpoint verdicts
 
     # -- entry points -------------------------------------------------------------------------
     def refine(self, records: list[RawRecord], now: float, seq: int) -> RefineOutput:
@@ -377,6 +378,7 @@ class Refiner:
                 ready = self._hold_back(kind, ready, now)
             if ready:
                 self._validate(kind, ready, out, seq, now)
+        self.verified.clear()
         return out
 
     def release_expired(self, now: float, seq: int) -> RefineOutput | None:
@@ -516,6 +518,17 @@ class Refiner:
                 "registry_version_taken",
                 f"registry_version_taken: {event.model_kind} v{event.version} is already registered",
             )
+        key = (event.model_kind, event.version, event.path, event.sha256)
+        if key in self.verified:
+            return self.verified[key]
+        return self.files_refusal(event)
+
+    def verify(self, event) -> None:
+        """Hash the weights a CheckpointPublished names ahead of the step that refines it (the ingestor does, with
+        its lease kept alive: a large checkpoint takes longer to hash than a lease lasts); the step looks it up."""
+        self.verified[(event.model_kind, event.version, event.path, event.sha256)] = self.files_refusal(event)
+
+    def files_refusal(self, event) -> tuple[str, str] | None:
         if self.checkpoint_files is None:
             return "registry_files", "registry_files: this ingestor has no lake to find checkpoints in"
         return registry_refusal(self.checkpoint_files, event.model_kind, event.version, event.path, event.sha256)

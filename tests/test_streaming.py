@@ -216,6 +216,22 @@ def test_a_lease_is_taken_by_one_owner_and_a_stale_view_cannot_take_it(lake):
 
 
 @pytest.mark.integration
+def test_a_lease_kept_alive_outlasts_its_ttl_during_a_long_step_and_lapses_after(lake):
+    """A step longer than the TTL (hashing a large checkpoint) keeps the lake: a thread renews the lease meanwhile."""
+    uri = lake.uri(LEASES)
+    holder, other = Lease(uri, owner="ingest@another-host:1", ttl_s=1.2), Lease(uri, owner="other", ttl_s=60)
+    holder.take()
+    with holder.kept_alive():
+        time.sleep(3.0)  # 2.5 TTLs
+        with pytest.raises(LeaseHeld, match="held by ingest@another-host:1"):
+            other.take()
+    time.sleep(1.5)  # nobody renews it now
+    other.take()
+    with pytest.raises(LeaseHeld, match="held by other"), holder.kept_alive():
+        time.sleep(1.0)  # the renewal fails: lost, raised after the block
+
+
+@pytest.mark.integration
 def test_a_lease_renewed_for_days_keeps_its_table_small(lake, monkeypatch):
     """Each renewal replaces the name's row; every TIDY_EVERY commits the holder deletes what is older than
     KEEP_HOURS (here: everything replaced, every 10 commits), so the files do not grow with the run's length."""
