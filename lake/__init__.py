@@ -1,7 +1,7 @@
 """Delta Lake: tables, exactly-once ingest, Great Expectations suites, pools, snapshots, rebuilds from bronze,
 a run's rows, and the checkpoint registry's rules; a lake on a local disk or in an s3:// bucket."""
 
-from .expectations import LATE_CHECK
+from .expectations import LATE_CHECK, late_only
 from .ingest import CommitRecord, IngestConfig, Ingestor, IngestStats, ingest, lag
 from .lease import LeaseHeld
 from .rebuild import rebuild_to, record_at
@@ -65,6 +65,7 @@ __all__ = [
     "checkpoint_path",
     "file_sha256",
     "ingest",
+    "late_only",
     "lag",
     "quarantine_by_reason",
     "read_pool",

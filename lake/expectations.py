@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pandas as pd
+import polars as pl
 
 from streams.events import EVENT_TYPES, Event, field_types
 
@@ -59,6 +60,14 @@ REFERS_TO_TASK = {"rollout", "reward"}
 # The check a rollout or reward fails when its task has not landed (SuiteRunner.suite): the one failure the
 # refiner undoes, re-admitting the row when its task lands (lake/refine.py).
 LATE_CHECK = "expect_column_values_to_not_be_in_set(task_id)"
+
+
+def late_only() -> pl.Expr:
+    """Quarantine rows whose only failed check is LATE_CHECK: valid, but their task had not landed."""
+    checks = pl.col("failed_checks")
+    return (checks.list.len() == 1) & (checks.list.first() == LATE_CHECK)
+
+
 ID_COLUMNS = {"event_id", "run_id", "task_id", "batch_id", "rollout_id", "producer", "domain", "worker"}
 
 

@@ -51,7 +51,7 @@ from streams.events import (
     field_types,
 )
 
-from .expectations import LATE_CHECK, MAX_ID_CHARS, REFERS_TO_TASK, SuiteRunner
+from .expectations import LATE_CHECK, MAX_ID_CHARS, REFERS_TO_TASK, SuiteRunner, late_only
 from .registry import registry_refusal
 from .storage import LakeFiles
 from .tables import CHECKPOINTS, D_ENV, D_TRAIN, QUARANTINE, SCHEMAS, VALIDATIONS, Lake, silver
@@ -123,7 +123,7 @@ class RefineState:
     seen_ids: dict[str, set[str]] = field(default_factory=lambda: {k: set() for k in EVENT_TYPES})
     known_tasks: set[str] = field(default_factory=set)
     pending: dict[tuple[str, int, int], Parsed] = field(default_factory=dict)  # insertion order = arrival
-    late: dict[str, list[Parsed]] = field(default_factory=dict)  # task_id -> rows quarantined before it landed
+    late: dict[tuple[str, int, int], Parsed] = field(default_factory=dict)  # quarantined before their task landed
     rollouts_waiting: dict[str, dict] = field(default_factory=dict)  # rollout_id -> silver rollout row
     rewards_waiting: dict[str, dict] = field(default_factory=dict)  # rollout_id -> silver reward row
     tasks_waiting: dict[str, dict] = field(default_factory=dict)  # task_id -> silver task row
@@ -134,7 +134,8 @@ class RefineState:
     def load(cls, lake: Lake, watermark: Watermark, now: float | None = None, max_late: int = 100_000) -> RefineState:
         """Derive the state from the tables as they stand after the last refine commit. now: when the rows found
         waiting for their task start their wait again (default: the clock; bronze's ingested_at would expire them
-        at once after a long stop). max_late: how many of the newest late rows are kept for re-admission."""
+        at once after a long stop). max_late: how many late rows (the last by Kafka coordinates) are kept for
+        re-admission."""
         state = cls()
         now = time.time() if now is None else now
 
@@ -215,14 +216,8 @@ class RefineState:
             except Exception:  # noqa: BLE001 (it decoded once; never let it stop a start)
                 continue
             if event.event_id not in state.seen_ids[event.KIND]:
-                state.late.setdefault(event.task_id, []).append(Parsed(record, event, now))
+                state.late[record.coordinates] = Parsed(record, event, now)
         return state
-
-
-def late_only() -> pl.Expr:
-    """Quarantine rows whose only failed check is LATE_CHECK: valid, but their task had not landed."""
-    checks = pl.col("failed_checks")
-    return (checks.list.len() == 1) & (checks.list.first() == LATE_CHECK)
 
 
 def refined(marks: dict[str, dict[int, int]]) -> pl.Expr:
@@ -444,17 +439,17 @@ class Refiner:
         """Remember a row quarantined only because its task had not landed (the oldest forgotten past max_pending:
         it stays in the quarantine, and a restart finds it there again)."""
         late = self.state.late
-        late.setdefault(parsed.event.task_id, []).append(parsed)
-        while sum(map(len, late.values())) > self.max_pending:
-            oldest = next(iter(late))
-            late[oldest].pop(0)
-            if not late[oldest]:
-                del late[oldest]
+        late[parsed.record.coordinates] = parsed
+        while len(late) > self.max_pending:
+            del late[next(iter(late))]
 
     def _readmit(self, task_ids: list[str], out: RefineOutput, seq: int, now: float) -> None:
         """The late rows of tasks that just landed, validated again (suite genenv.<kind>.late in silver/validations):
         their task is known now, so what failed only for it lands in silver and on to the pools."""
-        back = [p for task_id in task_ids for p in self.state.late.pop(task_id, [])]
+        late, landed = self.state.late, set(task_ids)
+        if not late or not landed:
+            return
+        back = [late.pop(c) for c, p in list(late.items()) if p.event.task_id in landed]  # as _hold_back scans pending
         for kind in KIND_ORDER:
             rows = [p for p in back if p.kind == kind]
             if rows:

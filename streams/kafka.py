@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterable
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -67,7 +68,7 @@ def ensure_topics(bootstrap: str, partitions: int = DEFAULT_PARTITIONS, topics: 
         existing = set(admin.list_topics())
         before = partition_counts(admin, [t for t in ALL_TOPICS if t in existing])
         # New genenv topics take the count the others already have, so that they stay co-partitioned.
-        count = max(set(before.values()), key=list(before.values()).count) if before else partitions
+        count = Counter(before.values()).most_common(1)[0][0] if before else partitions
         missing = [NewTopic(t, num_partitions=count, replication_factor=replicas) for t in topics if t not in existing]
         if missing:
             try:

@@ -6,9 +6,12 @@ import time
 import psutil
 import pytest
 from conftest import ROOT, _tansu_children
+from kafka import KafkaAdminClient
+from kafka.admin import NewTopic
 
-from streams import BrokerError, LocalBroker, kafka_bootstrap
+from streams import TOPICS, BrokerError, LocalBroker, TopicLayoutError, ensure_topics, kafka_bootstrap
 from streams.broker import broker_answers
+from streams.kafka import partition_counts
 
 pytestmark = pytest.mark.integration
 
@@ -112,12 +115,6 @@ def test_genenv_broker_stops_its_broker_on_ctrl_c_and_when_killed(how):
 def test_new_topics_take_the_existing_partition_count_and_a_mixed_layout_is_one_error(monkeypatch):
     """Every genenv topic is keyed by task id and the reward worker reads a task's events from one partition
     number in each: new topics join the count that is there, and topics that disagree stop the command."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-
-    from streams import TOPICS, TopicLayoutError, ensure_topics
-    from streams.kafka import partition_counts
-
     with LocalBroker() as local:
         admin = KafkaAdminClient(bootstrap_servers=local.bootstrap, client_id="test")
         try:

@@ -18,7 +18,7 @@ from dataclasses import asdict
 
 import polars as pl
 
-from lake import CHECKPOINTS, D_ENV, D_TRAIN, LATE_CHECK, POOLS, QUARANTINE, CommitRecord, Lake, silver
+from lake import CHECKPOINTS, D_ENV, D_TRAIN, POOLS, QUARANTINE, CommitRecord, Lake, late_only, silver
 from streams import payload_of
 from trainers import KINDS, CheckpointError, manifest, registry
 from trainers.update import POOL_OF, SEED_VERSION, new_rows
@@ -338,12 +338,11 @@ def quarantine_of(lake: Lake, run_id: str, epoch: int, task_ids: set[str]) -> di
 
 
 def late_readmitted(lake: Lake, task_ids: set[str]) -> int:
-    """Rollouts and rewards of these tasks quarantined as late (LATE_CHECK alone) that landed in silver since, when
+    """Rollouts and rewards of these tasks quarantined as late (lake.late_only) that landed in silver since, when
     their task did: counted in quarantine_by_reason too, where their lateness stays on record."""
-    checks = pl.col("failed_checks")
     late = (
         scan(lake, QUARANTINE)
-        .filter((checks.list.len() == 1) & (checks.list.first() == LATE_CHECK) & pl.col("task_id").is_in(task_ids))
+        .filter(late_only() & pl.col("task_id").is_in(task_ids))
         .select("kind", "event_id")
         .collect()
     )
