@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import socket
 import subprocess
@@ -80,6 +82,28 @@ def genenv_cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.Comp
         env={**os.environ, **(env or {})},
         **kwargs,
     )
+
+
+def genenv_inline(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The CLI's `main` in this process, for a command that stops before any work: the same exit code and output
+    as `genenv_cli` gives, without a new interpreter's imports (seconds each on 2 cores). `env` is set for the call
+    and restored after."""
+    out, err = io.StringIO(), io.StringIO()
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            from engine.cli import main
+
+            try:
+                main(list(args))
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(["genenv", *args], code, out.getvalue(), err.getvalue())
 
 
 def free_port() -> int:

@@ -10,7 +10,7 @@ import sys
 
 import polars as pl
 import pytest
-from conftest import free_port, genenv_cli, http_server
+from conftest import free_port, genenv_cli, genenv_inline, http_server
 from safetensors import safe_open
 
 from engine.domains import Verdict
@@ -128,7 +128,7 @@ def test_audit_of_checkpoints_and_epochs_follows_the_registry(quick_run):
 )
 def test_unknown_ids_and_versions_give_one_line_errors(quick_run, args, message):
     lake, _ = quick_run
-    result = genenv_cli(*args, "--lake", lake.root)
+    result = genenv_inline(*args, "--lake", lake.root)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr

@@ -72,7 +72,7 @@ def test_a_small_model_stays_one_file_whose_sha256_is_the_checkpoints(tmp_path):
 def test_pruning_keeps_the_last_versions_and_their_parents_says_why_and_keeps_every_registry_row(pool_lake, broker):
     """A chain v1 <- v2 <- v3: --keep-last 1 keeps v3 and its parent v2 (a replay of v3 retrains from it), deletes
     v1's folder only, and every registry row stays."""
-    from conftest import genenv_cli
+    from conftest import genenv_inline
 
     from engine.coevolution import publish_checkpoint
     from lake import CHECKPOINTS, ingest, read_table
@@ -89,10 +89,10 @@ def test_pruning_keeps_the_last_versions_and_their_parents_says_why_and_keeps_ev
     folders = Path(pool_lake.root) / "checkpoints" / "agent"
     assert sorted(p.name for p in folders.iterdir()) == ["v1", "v2", "v3"]
 
-    dry = genenv_cli("lake", "prune", "--lake", pool_lake.root, "--keep-last", "1", timeout=120)
+    dry = genenv_inline("lake", "prune", "--lake", pool_lake.root, "--keep-last", "1")
     assert dry.returncode == 0 and "dry run" in dry.stdout and "would be deleted" in dry.stdout, dry.stderr
     assert sorted(p.name for p in folders.iterdir()) == ["v1", "v2", "v3"]
-    applied = genenv_cli("lake", "prune", "--lake", pool_lake.root, "--keep-last", "1", "--apply", timeout=120)
+    applied = genenv_inline("lake", "prune", "--lake", pool_lake.root, "--keep-last", "1", "--apply")
     assert applied.returncode == 0, applied.stderr
     assert sorted(p.name for p in folders.iterdir()) == ["v2", "v3"]
     assert "one of the last 1" in applied.stdout and "parent of v3" in applied.stdout

@@ -1,7 +1,7 @@
 """The command line as a user runs it: ingest, lake status, and one-line errors (the main job: test_engine.py)."""
 
 import pytest
-from conftest import genenv_cli
+from conftest import genenv_cli, genenv_inline
 from demo_events import epoch_events, publish
 
 from lake import Lake, read_pool
@@ -21,14 +21,14 @@ def test_ingest_lands_published_epochs_then_status_reports_them(tmp_path, broker
 
 
 def test_bad_paths_and_values_stop_with_one_line(tmp_path):
-    missing = genenv_cli("lake", "status", "--lake", str(tmp_path / "nowhere"), timeout=120)
+    missing = genenv_inline("lake", "status", "--lake", str(tmp_path / "nowhere"))
     assert missing.returncode == 2
     assert missing.stderr.strip().count("\n") == 0 and "no lake at" in missing.stderr
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    not_dir = genenv_cli("ingest", "--lake", str(a_file), timeout=120)
+    not_dir = genenv_inline("ingest", "--lake", str(a_file))
     assert not_dir.returncode == 2 and "not a directory" in not_dir.stderr
-    zero = genenv_cli("ingest", "--lake", str(tmp_path / "l"), "--partitions", "0", timeout=120)
+    zero = genenv_inline("ingest", "--lake", str(tmp_path / "l"), "--partitions", "0")
     assert zero.returncode == 2 and "--partitions must be >= 1" in zero.stderr
     assert not (tmp_path / "l").exists(), "a bad value must stop before any work"
 
@@ -129,14 +129,14 @@ BAD_INVOCATIONS = {  # name: (arguments, what the one line says); LAKE is a path
 def test_the_memory_plan_prints_its_table_and_a_verdict():
     """The paper profile fits one 141 GB GPU (LoRA, gradient checkpointing, two vLLM engines of 15%); the same on a
     40 GB GPU does not, and says what to change."""
-    fits = genenv_cli("plan", "--profile", "paper", "--gpu-memory", "141", timeout=120)
+    fits = genenv_inline("plan", "--profile", "paper", "--gpu-memory", "141")
     assert fits.returncode == 0, fits.stderr
     for row in ("vLLM reservation", "master", "gradients", "optimizer", "reference", "activations", "peak"):
         assert row in fits.stdout
     assert "fits:" in fits.stdout and "of 141 GiB per device (1 x 141 GiB cuda)" in fits.stdout
-    small = genenv_cli("plan", "--profile", "paper", "--gpu-memory", "40", timeout=120)
+    small = genenv_inline("plan", "--profile", "paper", "--gpu-memory", "40")
     assert small.returncode == 0 and "does not fit" in small.stdout and "FSDP" in small.stdout
-    sharded = genenv_cli(
+    sharded = genenv_inline(
         "plan",
         "--profile",
         "paper",
@@ -152,10 +152,9 @@ def test_the_memory_plan_prints_its_table_and_a_verdict():
         "agent.fsdp=full_shard",
         "--set",
         "env.fsdp=full_shard",
-        timeout=120,
     )
     assert sharded.returncode == 0 and "FSDP" in sharded.stdout and "fits:" in sharded.stdout, sharded.stdout
-    unknown = genenv_cli("plan", "--set", "agent_model=/no/such/model", timeout=120)
+    unknown = genenv_inline("plan", "--set", "agent_model=/no/such/model")
     assert unknown.returncode == 2 and "cannot plan memory for '/no/such/model'" in unknown.stderr
 
 
@@ -164,7 +163,7 @@ def test_a_bad_invocation_is_one_line_and_exit_2_and_creates_nothing(name, tmp_p
     args, message = BAD_INVOCATIONS[name]
     (tmp_path / "file").write_text("x")
     args = [str(tmp_path / "lake") if a == "LAKE" else str(tmp_path / "file") if a == "FILE" else a for a in args]
-    result = genenv_cli(*args, env={"GENENV_BROKER_WAIT_S": "1", "GENENV_KAFKA_BOOTSTRAP": ""}, timeout=300)
+    result = genenv_inline(*args, env={"GENENV_BROKER_WAIT_S": "1", "GENENV_KAFKA_BOOTSTRAP": ""})
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stdout + result.stderr

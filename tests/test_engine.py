@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import ROOT, genenv_cli
+from conftest import ROOT, genenv_cli, genenv_inline
 
 from engine.coevolution import (
     CurriculumConfig,
@@ -225,7 +225,7 @@ def test_genenv_run_stops_on_a_bad_value_before_any_work(tmp_path):
         (["--profile", "huge"], "profile must be one of"),
         (["--set", "agent.epsilon=-1"], "epsilon"),
     ]:
-        result = genenv_cli("run", "--lake", str(lake), *args, timeout=120)
+        result = genenv_inline("run", "--lake", str(lake), *args)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
         assert result.stderr.strip().count("\n") == 0
     assert not lake.exists()

@@ -9,7 +9,7 @@ import sys
 
 import boto3
 import pytest
-from conftest import free_port, genenv_cli, http_server
+from conftest import free_port, genenv_cli, genenv_inline, http_server
 
 from lake import Lake, LakeError, LakeFiles, read_table, silver
 
@@ -144,9 +144,7 @@ def test_a_run_config_in_the_bucket_is_written_once(s3, monkeypatch):
 )
 def test_a_remote_lake_genenv_cannot_use_stops_before_any_work(s3, root, message, tmp_path):
     env, _ = s3
-    result = genenv_cli(
-        "run", "--profile", "quick", "--lake", root, env={**env, "GENENV_CACHE": str(tmp_path)}, timeout=120
-    )
+    result = genenv_inline("run", "--profile", "quick", "--lake", root, env={**env, "GENENV_CACHE": str(tmp_path)})
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-2000:]
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import genenv_cli
+import torch
+from conftest import genenv_cli, genenv_inline
 
 from engine.coevolution import publish_checkpoint
 from lake import Lake, ingest, read_pool
@@ -29,6 +30,7 @@ from trainers import (
     load_model,
     registry,
     render_prompt,
+    rwr_weights,
     train_update,
 )
 from trainers.grpo import select_rows as select_rollouts
@@ -153,6 +155,27 @@ def test_rwr_moves_the_simulator_toward_high_weight_generations():
         trainer.train(select_generations(rows)[0])
     after = mean_reward(sample(simulator, [prompt], 64, seed=999))
     assert after > 2 * before and after > 0.1, (before, after)
+
+
+@pytest.mark.unit
+def test_rwr_trains_on_the_band_or_on_every_valid_generation_weighted_towards_it():
+    rows = pl.DataFrame(
+        {
+            "batch_id": ["b"] * 4,
+            "task_id": ["t0", "t1", "t2", "t3"],
+            "valid": [True, True, True, False],
+            "filtered": [False, True, True, False],
+            "sim_prompt": ["p"] * 4,
+            "raw_generation": ["in band", "solved every time", "never solved", "junk"],
+            "env_reward": [1.0, 0.0821, 0.0821, 0.0],
+        }
+    )
+    kept, dropped = select_generations(rows)  # the paper's filter
+    assert kept["text"].to_list() == ["in band"] and dropped == {"filtered": 2, "invalid": 1}
+    kept, dropped = select_generations(rows, band_only=False)
+    assert kept["text"].to_list() == ["in band", "solved every time", "never solved"] and dropped == {"invalid": 1}
+    weights = rwr_weights(torch.tensor(kept["env_reward"].to_list()), 0.5)
+    assert weights[0] > 5 * weights[1] and weights[1] == weights[2]  # the band still counts most
 
 
 @pytest.mark.unit
@@ -351,7 +374,7 @@ def test_genenv_train_cli_trains_publishes_and_refuses_bad_input_with_one_line(p
     assert registry(pool_lake, "agent")["version"].to_list() == [1]
 
     def fails(*args: str) -> str:
-        result = genenv_cli("train", *args, "--lake", root, timeout=600)
+        result = genenv_inline("train", *args, "--lake", root)
         assert result.returncode == 2, (args, result.stdout[-500:], result.stderr[-1000:])
         assert result.stderr.strip().count("\n") == 0, result.stderr
         return result.stderr

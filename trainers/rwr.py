@@ -3,9 +3,11 @@
 Reward-weighted regression: the NLL of each generation, weighted by exp(R_env / T) normalised
 over the rows kept, plus a KL penalty to the initial simulator (the warm-started one, where the run has a warm start:
 trainers/update.py's `reference_version`) so that it keeps writing tasks
-the domain can parse. Rows outside the curriculum band (`filtered`) and generations that did not
-parse (`valid` false) are left out. TRL has no per-sample-weighted SFT, so this loop is ours;
-the loss is trainers/losses.py's rwr_loss.
+the domain can parse. Generations that did not parse (`valid` false) are left out, and so, with `band_only` (the
+paper's filter), are rows outside the curriculum band (`filtered`). Without it every scored valid generation is
+trained on and the weight alone tilts the simulator towards the band: the textbook RWR estimate of the same
+reward-tilted policy, which at CPU scale (8-16 tasks an epoch, 10-20% of them in band) has rows where the filtered
+one has 0-3. TRL has no per-sample-weighted SFT, so this loop is ours; the loss is trainers/losses.py's rwr_loss.
 
 The trainer reads rows of (prompt, text, env_reward). With equal rewards and kl_coef 0 it is plain
 supervised fine-tuning, which is how the seed warm-start trains both models (trainers/update.py).
@@ -30,6 +32,9 @@ class RWRConfig(OptimConfig):
     weight_temperature: float = 0.2  # T in exp(R_env / T): lower concentrates the update on the best generations
     kl_coef: float = 0.05  # KL penalty to the initial simulator, the warm-started one if any (0 disables it)
     num_train_epochs: int = 1  # passes over the rows per update
+    # Train only on rows in the curriculum band (the paper's k filter); False: on every scored valid generation,
+    # weighted by exp(R_env / T), so that a higher weight_temperature keeps the effective sample size up.
+    band_only: bool = True
 
     def check(self) -> None:
         super().check()
@@ -44,12 +49,13 @@ class MicroBatch:
     ref_logps: torch.Tensor | None
 
 
-def select_rows(rows: pl.DataFrame) -> tuple[pl.DataFrame, Counter]:
-    """d_env rows the simulator is trained on, as (prompt, text, env_reward); the others counted by why."""
-    dropped = Counter(
-        {"filtered": int(rows["filtered"].sum()), "invalid": int((~rows["valid"] & ~rows["filtered"]).sum())}
-    )
-    kept = rows.filter(pl.col("valid") & ~pl.col("filtered")).sort(["batch_id", "task_id"])
+def select_rows(rows: pl.DataFrame, band_only: bool = True) -> tuple[pl.DataFrame, Counter]:
+    """d_env rows the simulator is trained on, as (prompt, text, env_reward); the others counted by why. Without
+    band_only, rows outside the band are kept (`RWRConfig.band_only`)."""
+    left_out = pl.col("filtered") if band_only else pl.lit(False)
+    counts = rows.select(filtered=left_out.sum(), invalid=(~pl.col("valid") & ~left_out).sum()).row(0, named=True)
+    dropped = Counter({why: int(n) for why, n in counts.items()})
+    kept = rows.filter(pl.col("valid") & ~left_out).sort(["batch_id", "task_id"])
     return kept.select(
         pl.col("sim_prompt").alias("prompt"), pl.col("raw_generation").alias("text"), "env_reward"
     ), +dropped

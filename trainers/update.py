@@ -245,7 +245,7 @@ def select_update_rows(
         return warm_start_rows(kind, rows), Counter()
     if kind == "agent":
         return grpo.select_rows(rows, parent, config)
-    return rwr.select_rows(rows)
+    return rwr.select_rows(rows, config.band_only)
 
 
 def starting_optimizer(lake: Lake, kind: str, parent: int, config, warm_start: bool, fsdp: str = "") -> OptimizerState:

@@ -77,7 +77,8 @@ def _on_sigterm(signum, frame):  # a normal exit, so context managers stop the l
     raise SystemExit(128 + signum)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The `genenv` command: argv, or the process's own arguments; always ends in SystemExit with the exit code."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # kafka-python logs every failed reconnect at ERROR (a broker that dies mid-run gave ~170 lines before genenv's
     # own one-line message, which says what happened and how to resume); GENENV_DEBUG=1 shows them.
@@ -95,10 +96,10 @@ def main() -> None:
         # Not standalone: click's usage errors (typer vendors click; they derive from TyperException) come here to be
         # one line, not a usage box (a negative positional, "-1", reads as an unknown option), and a command's
         # typer.Exit comes back as its exit code.
-        code = app(standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
     except TyperException as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # a command group called bare: its help, as typer draws it
-            app()
+            app(args=argv)
         where = exc.ctx.command_path if getattr(exc, "ctx", None) else "genenv"
         message = exc.format_message()
         if negative := re.fullmatch(r"No such option: (-\d+)", message):
