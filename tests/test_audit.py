@@ -55,17 +55,21 @@ def test_replaying_every_epoch_reproduces_its_checkpoints_bit_for_bit(quick_run)
 
 
 def test_replay_shows_the_first_difference_when_a_checkpoint_cannot_be_reproduced(quick_run, tmp_path):
+    """The newest GRPO update of the agent, with its recorded learning rate changed: replaying its epoch names it and
+    its first differing tensor. (The newest, not the warm start: an epoch after the first retrains no warm start.)"""
     lake, _ = quick_run
     copy = tmp_path / "lake"
     shutil.copytree(lake.root, copy)
-    lineage_file = copy / "checkpoints" / "agent" / "v1" / "genenv.json"  # the warm start's recorded config
+    agent = read_table(lake, CHECKPOINTS).filter((pl.col("model_kind") == "agent") & pl.col("run_id").eq(run_of(lake)))
+    newest = agent.sort("version").row(-1, named=True)
+    lineage_file = copy / "checkpoints" / "agent" / f"v{newest['version']}" / "genenv.json"  # its recorded config
     lineage = json.loads(lineage_file.read_text())
     lineage["config"]["learning_rate"] *= 10
     lineage_file.write_text(json.dumps(lineage))
-    result = genenv_cli("replay", "--epoch", "0", "--lake", str(copy), timeout=600)
+    result = genenv_cli("replay", "--epoch", str(newest["epoch"]), "--lake", str(copy), timeout=600)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
     said = " ".join(result.stdout.split())  # rich wraps long lines
-    assert "agent v1: DIFFERS" in said and "first differing tensor" in said
+    assert f"agent v{newest['version']}: DIFFERS" in said and "first differing tensor" in said
 
 
 def test_audit_of_a_task_lists_exactly_the_rollouts_and_rewards_the_lake_holds(quick_run):

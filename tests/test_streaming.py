@@ -99,6 +99,8 @@ def test_two_rollout_and_two_reward_workers_share_the_work_once(tmp_path):
             "--set",
             "tasks_per_epoch=16",
             "--set",
+            "warm_start_epochs=10",  # seeds are valid tasks whatever the agent learnt: no need for the 150 passes
+            "--set",
             "rollout_workers=2",
             "--set",
             "reward_workers=2",
