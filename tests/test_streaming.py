@@ -340,6 +340,11 @@ def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
             "4",
             "--epochs",
             "3",
+            # seeds-only: every round has valid tasks to roll out, whatever the 10-pass warm start taught
+            "--mode",
+            "seeds-only",
+            "--set",
+            "warm_start_epochs=10",
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -412,6 +417,11 @@ def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
             "5",
             "--epochs",
             "3",
+            # seeds-only: every epoch has valid tasks, so a GRPO update, whatever the 10-pass warm start taught
+            "--mode",
+            "seeds-only",
+            "--set",
+            "warm_start_epochs=10",
         ],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -473,6 +483,8 @@ def test_a_run_without_an_epoch_limit_stops_cleanly_on_sigterm(tmp_path):
             "0",
             "--mode",
             "seeds-only",
+            "--set",
+            "warm_start_epochs=10",  # seeds are valid tasks whatever the agent learnt
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
