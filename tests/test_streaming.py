@@ -154,6 +154,11 @@ def test_workers_killed_mid_run_are_restarted_and_nothing_is_lost_or_doubled(tmp
             "3",
             "--epochs",
             "3",
+            # seeds-only: every round has valid tasks for each role to work on, whatever the 10-pass warm start taught
+            "--mode",
+            "seeds-only",
+            "--set",
+            "warm_start_epochs=10",
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
