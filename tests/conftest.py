@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine.cli import main  # noqa: E402
 from lake import Lake  # noqa: E402
 from lake.expectations import SuiteRunner  # noqa: E402
 from streams import LocalBroker, ensure_topics  # noqa: E402
@@ -92,18 +93,12 @@ def genenv_inline(*args: str, env: dict | None = None) -> subprocess.CompletedPr
     saved = dict(os.environ)
     os.environ.update(env or {})
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            from engine.cli import main
-
-            try:
-                main(list(args))
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:
+            main(list(args))  # always ends in SystemExit; anything else is a bug, and fails the test
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    return subprocess.CompletedProcess(["genenv", *args], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(["genenv", *args], exit_.value.code, out.getvalue(), err.getvalue())
 
 
 def free_port() -> int:

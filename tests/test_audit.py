@@ -60,7 +60,7 @@ def test_replay_shows_the_first_difference_when_a_checkpoint_cannot_be_reproduce
     lake, _ = quick_run
     copy = tmp_path / "lake"
     shutil.copytree(lake.root, copy)
-    agent = read_table(lake, CHECKPOINTS).filter((pl.col("model_kind") == "agent") & pl.col("run_id").eq(run_of(lake)))
+    agent = read_table(lake, CHECKPOINTS).filter((pl.col("model_kind") == "agent") & (pl.col("run_id") == run_of(lake)))
     newest = agent.sort("version").row(-1, named=True)
     lineage_file = copy / "checkpoints" / "agent" / f"v{newest['version']}" / "genenv.json"  # its recorded config
     lineage = json.loads(lineage_file.read_text())

@@ -27,6 +27,11 @@ from lake.lease import LEASES, Lease
 from streams import HeldOffsets
 from trainers import registry
 
+# What these runs test (workers sharing and redoing work, kills, resumes, stops) does not depend on what the tiny
+# models learnt: the seed tasks are valid whatever the simulator writes, so a warm start of 10 passes (not the quick
+# profile's 150, most of a quick run's time) leaves every round work to do.
+SEEDS_ONLY = ["--mode", "seeds-only", "--set", "warm_start_epochs=10"]
+
 
 def of_run(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.filter(pl.col("producer") != "warm-start")
@@ -94,12 +99,9 @@ def test_two_rollout_and_two_reward_workers_share_the_work_once(tmp_path):
             "2",
             "--epochs",
             "3",
-            "--mode",
-            "seeds-only",
+            *SEEDS_ONLY,
             "--set",
             "tasks_per_epoch=16",
-            "--set",
-            "warm_start_epochs=10",  # seeds are valid tasks whatever the agent learnt: no need for the 150 passes
             "--set",
             "rollout_workers=2",
             "--set",
@@ -154,11 +156,7 @@ def test_workers_killed_mid_run_are_restarted_and_nothing_is_lost_or_doubled(tmp
             "3",
             "--epochs",
             "3",
-            # seeds-only: every round has valid tasks for each role to work on, whatever the 10-pass warm start taught
-            "--mode",
-            "seeds-only",
-            "--set",
-            "warm_start_epochs=10",
+            *SEEDS_ONLY,
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -345,11 +343,7 @@ def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
             "4",
             "--epochs",
             "3",
-            # seeds-only: every round has valid tasks to roll out, whatever the 10-pass warm start taught
-            "--mode",
-            "seeds-only",
-            "--set",
-            "warm_start_epochs=10",
+            *SEEDS_ONLY,
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -422,11 +416,7 @@ def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
             "5",
             "--epochs",
             "3",
-            # seeds-only: every epoch has valid tasks, so a GRPO update, whatever the 10-pass warm start taught
-            "--mode",
-            "seeds-only",
-            "--set",
-            "warm_start_epochs=10",
+            *SEEDS_ONLY,
         ],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -486,10 +476,7 @@ def test_a_run_without_an_epoch_limit_stops_cleanly_on_sigterm(tmp_path):
             "6",
             "--epochs",
             "0",
-            "--mode",
-            "seeds-only",
-            "--set",
-            "warm_start_epochs=10",  # seeds are valid tasks whatever the agent learnt
+            *SEEDS_ONLY,
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
