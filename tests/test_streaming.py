@@ -33,6 +33,27 @@ from trainers import registry
 SEEDS_ONLY = ["--mode", "seeds-only", "--set", "warm_start_epochs=10"]
 
 
+class Background:
+    """`genenv ARGS` started as a user starts it, in the background. Its output (and its workers', which inherit
+    the same descriptors) goes to files: a pipe that nobody reads until the end blocks every writer once 64 KiB
+    are in it, and a run that blocks looks like one that is slow."""
+
+    def __init__(self, tmp_path: Path, *args: str):
+        self.out_path, self.err_path = tmp_path / "run.out", tmp_path / "run.err"
+        with self.out_path.open("w") as out, self.err_path.open("w") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "engine.cli", *args], cwd=ROOT, stdout=out, stderr=err, text=True
+            )
+
+    def output(self) -> tuple[str, str]:
+        """What it has printed so far, stdout and stderr."""
+        return self.out_path.read_text(), self.err_path.read_text()
+
+    def finish(self, timeout: float) -> tuple[str, str]:
+        self.process.wait(timeout=timeout)
+        return self.output()
+
+
 def of_run(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.filter(pl.col("producer") != "warm-start")
 
@@ -141,28 +162,21 @@ def test_workers_killed_mid_run_are_restarted_and_nothing_is_lost_or_doubled(tmp
     """SIGKILL one worker of each role in turn during an async quick run: the supervisor restarts it, the run
     succeeds, each restart is in the lake and in the epoch's audit, and no task lacks or repeats any work."""
     root = tmp_path / "lake"
-    run = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "engine.cli",
-            "run",
-            "--profile",
-            "quick",
-            "--async",
-            "--lake",
-            str(root),
-            "--seed",
-            "3",
-            "--epochs",
-            "3",
-            *SEEDS_ONLY,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    background = Background(
+        tmp_path,
+        "run",
+        "--profile",
+        "quick",
+        "--async",
+        "--lake",
+        str(root),
+        "--seed",
+        "3",
+        "--epochs",
+        "3",
+        *SEEDS_ONLY,
     )
+    run = background.process
     killed = []
     try:
         for role in ("rollout", "reward", "ingest", "train-agent", "simulator"):
@@ -173,11 +187,11 @@ def test_workers_killed_mid_run_are_restarted_and_nothing_is_lost_or_doubled(tmp
             for process in workers(run, role):
                 os.kill(process.pid, signal.SIGKILL)
                 killed.append(role)
-        out, _ = run.communicate(timeout=900)
+        out, err = background.finish(timeout=900)
     finally:
         if run.poll() is None:
             run.kill()
-    assert run.returncode == 0, out[-4000:]
+    assert run.returncode == 0, out[-3000:] + err[-3000:]
     assert {"rollout", "reward", "ingest", "train-agent"} <= set(killed), (killed, out[-2000:])
     lake = Lake(root, create=False)
     assert_whole(lake, group_size=4)
@@ -328,28 +342,21 @@ def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
     saying how to resume; `genenv run --async --resume` (a fresh broker) completes it, nothing is duplicated and
     every task's audit is whole."""
     root = tmp_path / "lake"
-    run = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "engine.cli",
-            "run",
-            "--profile",
-            "quick",
-            "--async",
-            "--lake",
-            str(root),
-            "--seed",
-            "4",
-            "--epochs",
-            "3",
-            *SEEDS_ONLY,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    background = Background(
+        tmp_path,
+        "run",
+        "--profile",
+        "quick",
+        "--async",
+        "--lake",
+        str(root),
+        "--seed",
+        "4",
+        "--epochs",
+        "3",
+        *SEEDS_ONLY,
     )
+    run = background.process
     try:
         deadline = time.monotonic() + 600
         landed = 0
@@ -363,7 +370,7 @@ def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
         assert landed and brokers, "the run should have landed rollouts through its embedded broker"
         for broker_process in brokers:
             broker_process.kill()
-        out, err = run.communicate(timeout=600)
+        out, err = background.finish(timeout=600)
     finally:
         if run.poll() is None:
             run.kill()
@@ -402,27 +409,20 @@ def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
     --resume` finishes it: every epoch is in the lake, every valid task has its rollouts and one score, and the
     report covers every epoch."""
     root = tmp_path / "lake"
-    run = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "engine.cli",
-            "run",
-            "--profile",
-            "quick",
-            "--lake",
-            str(root),
-            "--seed",
-            "5",
-            "--epochs",
-            "3",
-            *SEEDS_ONLY,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    background = Background(
+        tmp_path,
+        "run",
+        "--profile",
+        "quick",
+        "--lake",
+        str(root),
+        "--seed",
+        "5",
+        "--epochs",
+        "3",
+        *SEEDS_ONLY,
     )
+    run = background.process
     try:
         deadline = time.monotonic() + 600
         trained = False
@@ -433,7 +433,9 @@ def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
                 trained = any(not json.loads(m)["warm_start"] for m in rows["metrics_json"])
             except Exception:  # noqa: BLE001 (the lake or its tables may not exist yet)
                 trained = False
-        assert trained and run.poll() is None, "the run should be alive with one GRPO update made"
+        assert trained and run.poll() is None, (
+            f"the run should be alive with one GRPO update made: {background.output()}"
+        )
         family = [run.pid] + [p.pid for p in psutil.Process(run.pid).children(recursive=True)]
         for pid in family:
             os.kill(pid, signal.SIGKILL)
@@ -461,28 +463,21 @@ def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
 def test_a_run_without_an_epoch_limit_stops_cleanly_on_sigterm(tmp_path):
     """seeds-only, so that every round has valid tasks to train on (the tiny simulator's are mostly invalid)."""
     root = tmp_path / "lake"
-    run = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "engine.cli",
-            "run",
-            "--profile",
-            "quick",
-            "--async",
-            "--lake",
-            str(root),
-            "--seed",
-            "6",
-            "--epochs",
-            "0",
-            *SEEDS_ONLY,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    background = Background(
+        tmp_path,
+        "run",
+        "--profile",
+        "quick",
+        "--async",
+        "--lake",
+        str(root),
+        "--seed",
+        "6",
+        "--epochs",
+        "0",
+        *SEEDS_ONLY,
     )
+    run = background.process
     try:
         deadline = time.monotonic() + 600
         updates = 0
@@ -493,9 +488,12 @@ def test_a_run_without_an_epoch_limit_stops_cleanly_on_sigterm(tmp_path):
                 updates = sum(not json.loads(m)["warm_start"] for m in rows["metrics_json"])
             except Exception:  # noqa: BLE001 (the lake or its tables may not exist yet)
                 updates = 0
-        assert updates >= 2 and run.poll() is None, "an unbounded run goes past its second update"
+        if run.poll() is not None:
+            out, err = background.output()
+            pytest.fail(f"the unbounded run stopped by itself (rc {run.returncode}):\n{out[-3000:]}\n{err[-3000:]}")
+        assert updates >= 2, "an unbounded run goes past its second update"
         run.send_signal(signal.SIGTERM)
-        out, err = run.communicate(timeout=300)
+        out, err = background.finish(timeout=300)
     finally:
         if run.poll() is None:
             for process in [psutil.Process(run.pid), *psutil.Process(run.pid).children(recursive=True)]:
