@@ -412,6 +412,31 @@ def test_lora_updates_merge_into_a_plain_checkpoint(pool_lake):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("use_peft", [False, True])
+def test_a_mixed_precision_update_keeps_every_change_in_its_checkpoint(pool_lake, use_peft):
+    """bf16 compute over fp32 master weights (or fp32 adapters on a bf16 base): the checkpoint holds the fp32 weights
+    trained, so the next update starts from them, changes below bf16's spacing included. A bf16 file kept only the
+    changes that moved a weight across a bf16 rounding boundary: a small fraction of a small update's."""
+    from safetensors import safe_open
+
+    from trainers import Precision
+
+    options = {"use_peft": True, "lora_r": 4, "lora_alpha": 8} if use_peft else {}
+    config = GRPOConfig(**{**FAST_AGENT.__dict__, "learning_rate": 1e-5, **options})
+    record = train_update("agent", pool_lake, config, base_model="tiny", precision=Precision("cpu", "bf16"))
+    with safe_open(str(Path(pool_lake.root) / record.path / "model.safetensors"), "pt") as weights:
+        assert {weights.get_slice(k).get_dtype() for k in weights.keys()} == {"F32"}
+    trained = load_model(str(Path(pool_lake.root) / record.path)).model.state_dict()  # in fp32, as the next update
+    # What the update started from: the base in fp32 (master weights), or in bf16 under LoRA's frozen base.
+    base = load_model("tiny").model.state_dict()
+    if use_peft:
+        base = {name: tensor.bfloat16().float() for name, tensor in base.items()}
+    moved = sum(int((trained[n] != base[n]).sum()) for n in base)
+    kept_by_bf16 = sum(int((trained[n].bfloat16() != base[n].bfloat16()).sum()) for n in base)
+    assert moved > 0 and kept_by_bf16 < moved / 2, (moved, kept_by_bf16)
+
+
+@pytest.mark.integration
 def test_updates_continue_one_optimiser_through_the_checkpoints(pool_lake, broker):
     """An update continues the AdamW state and schedule its parent's update saved beside the checkpoint (so a
     restarted trainer, a resume and a replay continue it too); from the base model it starts fresh."""

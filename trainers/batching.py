@@ -134,7 +134,9 @@ def completion_logps(model, batch: TokenBatch | SharedPrefixBatch, temperature: 
 
 
 def checkpointed(model) -> bool:
-    """Whether the model recomputes activations in the backward pass (and so keeps no key/value cache)."""
+    """Whether the model recomputes activations in the backward pass (and so keeps no key/value cache). Asked of
+    the model inside DDP's wrapper, which does not pass the attribute through (it read False under DDP)."""
+    model = getattr(model, "module", model)
     name = (
         "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
     )

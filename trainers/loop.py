@@ -176,15 +176,21 @@ def optimise(
     for i in range(total):
         k = i % n  # the micro-batch's place in its pass; steps never straddle two passes
         in_step = min(accumulate, n - k // accumulate * accumulate)  # micro-batches of the step it belongs to
-        loss, metrics = loss_of(micro_batches[k], train_model)
-        if accelerator is not None:
-            accelerator.backward(loss / in_step)
-        else:
-            (loss / in_step).backward()
+        ends_step = (k + 1) % accumulate == 0 or k + 1 == n
+        # DDP all-reduces the gradients in every backward unless told not to: once, on a step's last micro-batch,
+        # gives the same sum with 1/accumulate of the traffic (accelerate's no_sync; a no-op in one process).
+        with (
+            accelerator.no_sync(train_model) if accelerator is not None and not ends_step else contextlib.nullcontext()
+        ):
+            loss, metrics = loss_of(micro_batches[k], train_model)
+            if accelerator is not None:
+                accelerator.backward(loss / in_step)
+            else:
+                (loss / in_step).backward()
         sums["loss"] += loss.item()
         for name, value in metrics.items():
             sums[name] += value
-        if (k + 1) % accumulate == 0 or k + 1 == n:
+        if ends_step:
             clip = accelerator.clip_grad_norm_ if accelerator is not None else torch.nn.utils.clip_grad_norm_
             grad_norm = float(clip(params, config.max_grad_norm))
             lr = scheduler.get_last_lr()[0]

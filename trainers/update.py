@@ -101,7 +101,7 @@ def train_update(
     """One update (see the module's docstring). warm_start: supervised fine-tuning on the pool's seed rows
     (the version "seed"), with an RWRConfig whose rewards are all equal, instead of GRPO / RWR.
     run_id: train on that run's rows only (the engine's runs share a lake). precision: the device, and the dtype
-    the update computes in and the checkpoint is saved in (recorded in the lineage, so a replay uses it too).
+    the update computes in (recorded in the lineage, so a replay uses it too); the checkpoint holds fp32 weights.
     The optimiser continues the parent update's (optimizer.pt beside the parent: trainers/checkpoints.py); see
     `starting_optimizer` for when it starts afresh."""
     config, precision = checked_options(kind, config, precision)
@@ -227,7 +227,7 @@ def processes(config, precision: Precision):
         distributed.check_sharding(fsdp, precision.device)
     except ValueError as exc:
         raise TrainError(str(exc)) from None
-    group = distributed.accelerator(cpu=precision.device == "cpu", fsdp=fsdp)
+    group = distributed.accelerator(cpu=precision.device == "cpu", fsdp=fsdp, dtype=precision.resolved().torch_dtype)
     if group is not None:
         device = "cpu" if group.device.type == "cpu" else str(group.device)  # each rank on its own device
         precision = Precision(device, precision.dtype)
@@ -300,8 +300,8 @@ def fit(
     anchor: pl.DataFrame | None = None,
 ) -> tuple[torch.nn.Module, dict, dict | None]:
     """Train the parent model (loaded with fp32 master weights) on the selected rows: (the trained model, LoRA
-    merged, in the precision's dtype; its metrics; with several processes, its whole weights as gathered for rank 0
-    to write, else None). Forward passes run under autocast when the dtype is not fp32 (mixed precision).
+    merged, in fp32 whatever the compute dtype; its metrics; with several processes, its whole weights as gathered
+    for rank 0 to write, else None). Forward passes run under autocast when the dtype is not fp32 (mixed precision).
     ref: the KL term's reference model (`reference_model`), or None. group: the Accelerator of a multi-process update
     (trainers/distributed.py). state: where the optimiser starts,
     left holding where it ended. Deterministic on CPU for the same parent, optimiser state, rows, config, seed,
@@ -331,12 +331,14 @@ def fit(
         dropped["uneven_tail"] += tail
     metrics["rows_left_out"] = dict(dropped)
     metrics["warm_start"] = warm_start
+    # The checkpoint of record is what was trained, in fp32: a bf16 file rounds away every change smaller than half
+    # its spacing (most of a small update's), and the next update would start from the rounded model. LoRA: the
+    # frozen base is cast up (exactly) before the adapters are merged, so their product is not rounded either.
     if group is None or getattr(config, "use_peft", False):  # LoRA: each rank holds the whole model to merge into
-        return merged(trainer.model).to(dtype), _plain(metrics), None
-    # Every rank takes part in the gather (under FSDP each holds a shard); rank 0 receives the whole weights. The
-    # model itself is cast too, only so that save_pretrained records the dtype the weights are written in.
-    weights = {name: tensor.to(dtype) for name, tensor in group.get_state_dict(trainer.model).items()}
-    return group.unwrap_model(trainer.model).to(dtype), _plain(metrics), weights
+        return merged(trainer.model.float()), _plain(metrics), None
+    # Every rank takes part in the gather (under FSDP each holds a shard); rank 0 receives the whole weights.
+    weights = {name: tensor.float() for name, tensor in group.get_state_dict(trainer.model).items()}
+    return group.unwrap_model(trainer.model).float(), _plain(metrics), weights
 
 
 def config_from_manifest(kind: str, lineage: dict):
