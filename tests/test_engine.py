@@ -169,6 +169,7 @@ def test_config_layers_and_one_line_errors(tmp_path):
         ('epochs = "2"', "epochs=2: expected int, got the text '2'"),
         ('warm_start = "true"', "warm_start=true: expected bool"),
         ("rollout_workers = 10000", "rollout_workers must be at most"),
+        ("max_model_len = 16", "max_model_len must exceed the longest answer"),
         ("x = " + "[" * 2000 + "]" * 2000, "nests its tables or arrays too deeply"),
     ],
 )

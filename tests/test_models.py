@@ -90,6 +90,30 @@ def test_a_random_model_constrained_by_the_request_grammar_writes_requests_that_
         torch.testing.assert_close(torch.tensor(g.logprobs), reference.detach(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.unit
+def test_a_chat_template_that_writes_its_bos_gets_one_bos_and_every_component_the_same_ids(tiny):
+    """A Llama-style tokenizer adds BOS to any text it encodes, and its chat template writes one too: a string
+    handed to vLLM got two, while the trainer scored one. Every component takes `prompt_token_ids`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from trainers.generation import prompt_token_ids
+
+    words = Tokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "<unk>": 2, "hello": 3, "world": 4}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    prompt = render_prompt(tokenizer, "hello world")
+    assert tokenizer(prompt)["input_ids"] == [0, 0, 3, 4]  # what a tokenizer left to add special tokens makes
+    assert prompt_token_ids(tokenizer, [prompt]) == [[0, 3, 4]]
+    # The transformers backend generates after exactly the ids the trainers score.
+    texts = [render_prompt(tiny.tokenizer, "hi"), render_prompt(tiny.tokenizer, "a longer prompt")]
+    backend = TransformersBackend(tiny.model, tiny.tokenizer)
+    generated = backend.generate(texts, SamplingConfig(max_new_tokens=2, seed=0))
+    assert [g.prompt_token_ids for g in generated] == prompt_token_ids(tiny.tokenizer, texts)
+
+
 @pytest.mark.integration
 def test_smollm2_loads_from_the_packaged_gguf_and_answers():
     loaded = load_model("smollm2-135m")

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from .generation import prompt_token_ids
+
 
 @dataclass
 class TokenBatch:
@@ -44,7 +46,7 @@ class TokenBatch:
 def supervised_ids(tokenizer, prompts: list[str], texts: list[str]) -> tuple[list[list[int]], list[list[int]]]:
     """Token ids of (prompt, text) rows for a supervised loss (RWR, the warm start, GRPO's ptx term): the texts end
     with end-of-sequence, so the model learns where to stop."""
-    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    prompt_ids = prompt_token_ids(tokenizer, prompts)
     text_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return prompt_ids, [ids + [tokenizer.eos_token_id] for ids in text_ids]
 

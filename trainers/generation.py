@@ -93,6 +93,13 @@ def render_prompt(tokenizer, user_text: str, system: str | None = None) -> str:
     return (system + "\n\n" if system else "") + user_text
 
 
+def prompt_token_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """The prompts' token ids as every component uses them (both generation backends, the trainers): the chat
+    template already wrote any BOS the model wants, so the tokenizer adds no special token. A tokenizer left to add
+    them (vLLM given a string does) puts a second BOS before the template's."""
+    return tokenizer(prompts, add_special_tokens=False)["input_ids"]
+
+
 ANY_TEXT = "root ::= [^]*"  # the grammar of a row left free in a batch whose other rows are constrained
 
 
@@ -143,7 +150,7 @@ class TransformersBackend:
         # Batches of prompts of similar length: less padding, and answers that tend to end together (a batch
         # runs until its longest answer ends). Each sample depends only on its prompt and seed, so the order
         # changes no result.
-        lengths = [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        lengths = [len(ids) for ids in prompt_token_ids(self.tokenizer, prompts)]
         order = sorted(range(len(prompts)), key=lengths.__getitem__)
         out: list[Generation | None] = [None] * len(prompts)
         for start in range(0, len(prompts), self.batch_size):
@@ -246,9 +253,9 @@ class VLLMBackend:
     has its own SamplingParams seed, and `gpu_memory_utilization` is the engine's share of the GPU (two roles
     in one process, as in the sync loop, need shares that add up to less than 1).
 
-    Untested: no GPU with vLLM was available where this was written (README, "What has not run"). Loading
-    weights in place goes through the engine's in-process model (VLLM_ENABLE_V1_MULTIPROCESSING=0, as TRL's
-    colocated mode does), an internal path that vLLM may move between versions.
+    Untested: no GPU with vLLM was available where this was written (README, "What has not run"). Weights are
+    loaded in place through `collective_rpc` (vLLM's supported way to run code in every worker), the engine's
+    scheduler in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, as TRL's colocated mode).
     """
 
     def __init__(
@@ -258,6 +265,7 @@ class VLLMBackend:
         gpu_memory_utilization: float = 0.4,
         dtype: str = "auto",
         seed: int = 0,
+        max_model_len: int | None = None,
     ):
         ok, why = vllm_available()
         if not ok:
@@ -274,13 +282,19 @@ class VLLMBackend:
             gpu_memory_utilization=gpu_memory_utilization,
             seed=seed,
             logprobs_mode="processed_logprobs",
+            # The longest prompt and answer a run writes; left unset vLLM takes the model's context (32k for
+            # Qwen2.5), which need not fit the cache of a small share of the GPU and fails at start.
+            max_model_len=max_model_len,
         )
         self.tokenizer = self.llm.get_tokenizer()
 
-    def load_weights(self, model: torch.nn.Module) -> None:
-        """Put a checkpoint's weights (a transformers model of the same architecture) into the running engine."""
-        engine_model = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-        engine_model.load_weights(model.state_dict().items())
+    def load_weights(self, checkpoint: str) -> None:
+        """Put a checkpoint's weights (its folder of safetensors files, the engine's architecture) into the running
+        engine. vLLM's collective_rpc runs `load_into_worker` in every worker, one per tensor-parallel rank and
+        perhaps each in its own process; each reads the files and keeps its own shard (the model's load_weights
+        shards what it is given). Reaching one worker's model through the executor saw only the first shard, and
+        the multiprocess executor has no such worker."""
+        self.llm.collective_rpc(load_into_worker, args=(str(checkpoint),))
         self.llm.reset_prefix_cache()  # cached prefixes hold keys and values of the old weights
 
     def generate(
@@ -292,6 +306,7 @@ class VLLMBackend:
         grammars: list[str] | None = None,
     ) -> list[Generation]:
         from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import StructuredOutputsParams
 
         sampling = sampling or SamplingConfig()
@@ -308,15 +323,29 @@ class VLLMBackend:
             )
             for seed, grammar in zip(prompt_seeds(sampling, len(prompts), seeds), grammars)
         ]
+        # Token ids, not strings: the trainer scores exactly these prompt tokens (prompt_token_ids).
+        requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_token_ids(self.tokenizer, prompts)]
         out = []
-        for request in self.llm.generate(prompts, params, use_tqdm=False):
+        for prompt, request in zip(prompts, self.llm.generate(requests, params, use_tqdm=False)):
             completion = request.outputs[0]
             ids = list(completion.token_ids)
             logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs, ids)]
-            out.append(Generation(request.prompt, list(request.prompt_token_ids), completion.text, ids, logprobs))
+            out.append(Generation(prompt, list(request.prompt_token_ids), completion.text, ids, logprobs))
         if progress:
             progress(len(out), len(prompts))
         return out
+
+
+def load_into_worker(worker, checkpoint: str) -> None:
+    """Run in a vLLM worker (VLLMBackend.load_weights): its model loads the checkpoint's tensors, a file at a time."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    model = worker.model_runner.model
+    for file in sorted(Path(checkpoint).glob("*.safetensors")):
+        with safe_open(str(file), "pt") as weights:
+            model.load_weights((name, weights.get_tensor(name)) for name in weights.keys())
 
 
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

@@ -31,6 +31,7 @@ import torch
 
 from .batching import SharedPrefixBatch, TokenBatch, completion_logps, pack, pack_shared, supervised_ids
 from .distributed import rank_batches
+from .generation import prompt_token_ids
 from .loop import OptimConfig, Trainer
 from .losses import GRPOLossConfig, group_advantages, grpo_loss, token_nll
 
@@ -142,7 +143,7 @@ class GRPOTrainer(Trainer):
         task_ids = rows["task_id"].to_list()
         group_of = {task_id: i for i, task_id in enumerate(dict.fromkeys(task_ids))}
         advantages = group_advantages(rewards, torch.tensor([group_of[t] for t in task_ids]), cfg.scale_rewards)
-        prompts = self.tokenizer(rows["prompt"].to_list(), add_special_tokens=False)["input_ids"]
+        prompts = prompt_token_ids(self.tokenizer, rows["prompt"].to_list())
         order = grouped_order(task_ids, cfg.seed)
         batches = []
         for indices in rank_batches(order, cfg.per_device_train_batch_size, self.rank, self.world):

@@ -72,6 +72,7 @@ class RunConfig:
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on cpu), fp32, bf16, fp16; trainers keep fp32 master weights
     tensor_parallel_size: int = 1  # vLLM: GPUs per engine
     gpu_memory_utilization: float = 0.4  # vLLM: each engine's share of a GPU (the sync loop holds two engines)
+    max_model_len: int = 4096  # vLLM: the longest prompt and answer an engine serves (0: the model's whole context)
     rollout_workers: int = 1  # async: rollout worker processes (one consumer group shares the tasks)
     reward_workers: int = 1  # async: reward worker processes
     # Task granularity: with 8 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
@@ -151,6 +152,12 @@ class RunConfig:
         self.precision.check()
         if self.tensor_parallel_size < 1 or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("tensor_parallel_size must be >= 1 and gpu_memory_utilization in (0, 1]")
+        longest = max(self.agent_max_new_tokens, self.env_max_new_tokens)
+        if self.max_model_len and self.max_model_len <= longest:
+            raise ValueError(
+                f"max_model_len must exceed the longest answer ({longest} new tokens) by the prompt's length, "
+                f"got {self.max_model_len} (0: the model's whole context)"
+            )
         for section in ("curriculum", "agent", "env"):
             try:
                 getattr(self, section).check()

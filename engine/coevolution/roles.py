@@ -154,7 +154,7 @@ class ModelRole:
         )
         self.version = version
         if self.engine is not None:
-            self.engine.load_weights(self.model.model)  # the same engine, new weights
+            self.engine.load_weights(self.model.source)  # the same engine, the new checkpoint's (verified) files
 
     def unload(self) -> None:
         self.model = None
@@ -191,6 +191,7 @@ class ModelRole:
                 cfg.gpu_memory_utilization,
                 cfg.precision.resolved().dtype,
                 cfg.seed,
+                cfg.max_model_len or None,
             )
         return self.engine
 
