@@ -386,6 +386,7 @@ def test_genenv_train_cli_trains_publishes_and_refuses_bad_input_with_one_line(p
     assert "learning_rate" in fails("agent", "--set", "learning_rate=fast")
     assert "no such option" in fails("agent", "--set", "lr=1")
     assert "name the base model" in fails("env")
+    assert "no agent checkpoint version 99" in fails("agent", "--parent", "99")
     assert sorted(p.name for p in (Path(root) / "checkpoints" / "agent").iterdir()) == before, "nothing written"
     assert not (Path(root) / "checkpoints" / "env").exists()
 
@@ -471,6 +472,28 @@ def test_updates_continue_one_optimiser_through_the_checkpoints(pool_lake, broke
     torch.save({"optimizer": saved.optimizer, "step": 0}, path)
     with pytest.raises(CheckpointError, match="optimizer.pt is missing or does not match"):
         train_update("agent", pool_lake, config, parent_version=1)
+
+
+@pytest.mark.integration
+def test_a_manual_update_continues_the_options_of_the_update_it_extends(pool_lake, broker):
+    """`genenv train` takes the trainer options of the nearest update in its parent's lineage (the run's clip range,
+    gradient checkpointing, LoRA, temperature), --set on top; from the base model, the defaults."""
+    from trainers import inherited_config
+
+    assert inherited_config(pool_lake, "agent", 0) == (GRPOConfig(), None)
+    config = GRPOConfig(**{**FAST_AGENT.__dict__, "epsilon_high": 0.31, "gradient_checkpointing": True})
+    first = train_update("agent", pool_lake, config, base_model="tiny")
+    publish_checkpoint(pool_lake, broker.bootstrap, first, run_id="t", epoch=0)
+    publish_epoch(broker.bootstrap, epoch=1, seed=1)
+    ingest(pool_lake, broker.bootstrap, idle_exit_s=1.5)
+    assert inherited_config(pool_lake, "agent", 1) == (config, 1)
+    second = genenv_cli(
+        "train", "agent", "--lake", pool_lake.root, "--bootstrap", broker.bootstrap, "--set", "max_grad_norm=0.5"
+    )
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert "options: those of agent v1's update, with --set" in second.stdout
+    lineage = json.loads((Path(pool_lake.root) / "checkpoints" / "agent" / "v2" / "genenv.json").read_text())
+    assert lineage["config"] == {**json.loads(json.dumps(config.__dict__)), "max_grad_norm": 0.5}
 
 
 @pytest.mark.unit

@@ -350,6 +350,21 @@ def config_from_manifest(kind: str, lineage: dict):
     return cls(**values), warm_start
 
 
+def inherited_config(lake: Lake, kind: str, parent: int):
+    """(the trainer options of the nearest update in the parent's lineage, the parent included, and its version),
+    or (the defaults, None) when the lineage has no update but warm starts. A manual update (`genenv train`) so
+    continues the run it extends: the temperature its rollouts were sampled at, LoRA, gradient checkpointing,
+    the schedule; --set changes what it names."""
+    version = parent
+    while version > 0:
+        lineage = manifest(lake, kind, version)
+        config, warm_start = config_from_manifest(kind, lineage)
+        if not warm_start:
+            return config, version
+        version = lineage["parent_version"]
+    return default_config(kind), None
+
+
 def _plain(metrics: dict) -> dict:
     """Metrics as JSON-safe numbers (rounded: they are for reading, the weights carry the exact result)."""
     return json.loads(json.dumps(metrics, default=float), parse_float=lambda s: round(float(s), 6))

@@ -50,10 +50,12 @@ def train(
         int, typer.Option(help="Processes of one data-parallel update (torchrun: gloo on CPUs, NCCL on GPUs).")
     ] = 1,
 ) -> None:
-    """One update: train the agent or the simulator on its pool, write a checkpoint, publish and register it."""
+    """One update: train the agent or the simulator on its pool, write a checkpoint, publish and register it. Its
+    options are those of the nearest update in the parent's lineage (the run it extends), or the defaults; --set
+    changes them."""
     from engine.coevolution import publish_checkpoint
     from engine.coevolution.overrides import apply_overrides
-    from trainers import KINDS, POOL_OF, default_config, latest_version, train_update
+    from trainers import KINDS, POOL_OF, inherited_config, latest_version, train_update
     from trainers.distributed import check_sharding, world_size
     from trainers.models import Precision
 
@@ -61,12 +63,16 @@ def train(
         raise UserError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
     check_positive(num_processes=num_processes)
     sets = list(set_ or ())
+    lake_ = Lake(lake, create=False)
+    start = latest_version(lake_, kind) if parent is None else parent
     with bad_input():
-        config = apply_overrides(default_config(kind), sets)
+        config, inherited_from = inherited_config(lake_, kind, start)
+        config = apply_overrides(config, sets)
         config.check()
         if num_processes > 1:
             check_sharding(config.fsdp, Precision().resolved().device)
-    lake_ = Lake(lake, create=False)
+    if inherited_from is not None and world_size() == 1:
+        console.print(f"options: those of {kind} v{inherited_from}'s update" + (", with --set" if sets else ""))
     if configured_bootstrap(bootstrap):
         require_broker(configured_bootstrap(bootstrap))  # before training: its checkpoint must be publishable
     if num_processes > 1 and world_size() == 1:
