@@ -27,6 +27,8 @@ Invariants:
 - A cached folder is used only when its weights have the sha256 the caller expects; otherwise it is fetched
   again. So a stale cache (another lake under the same bucket path, say) can cost a download, never a wrong
   model.
+- The cache is shared by every process on the machine: a folder is checked and replaced under its lock, and
+  the cache's checkpoints are bounded by $GENENV_CACHE_GB (lake/cache.py).
 - Only s3:// is supported as a remote scheme. Any other scheme stops before any work, with one line.
 """
 
@@ -41,6 +43,8 @@ from pathlib import Path
 import obstore
 from obstore.exceptions import AlreadyExistsError
 from obstore.store import from_url
+
+from .cache import evict, locked, mark_used
 
 REMOTE_SCHEMES = ("s3",)
 OPTION_NAMES = (
@@ -176,8 +180,18 @@ class LakeFiles:
         """local(relative), holding the store's files under `relative`: downloaded unless the cached copy passes
         `is_current(folder)`. On a local lake the folder itself. A folder the store lacks is absent afterwards."""
         folder = self.local(relative)
-        if not self.remote or (folder.is_dir() and is_current is not None and is_current(folder)):
+        if not self.remote:
             return folder
+        with locked(folder):  # one process at a time checks, replaces or evicts a cached folder (lake/cache.py)
+            if not (folder.is_dir() and is_current is not None and is_current(folder)):
+                self._download(relative, folder)
+            if folder.is_dir():
+                mark_used(folder)
+        if "/checkpoints/" in f"/{relative}":
+            evict(cache_root() / "lakes", keep=folder)
+        return folder
+
+    def _download(self, relative: str, folder: Path) -> None:
         partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
         shutil.rmtree(partial, ignore_errors=True)
         try:
@@ -194,7 +208,6 @@ class LakeFiles:
         shutil.rmtree(folder, ignore_errors=True)
         if partial.is_dir():
             partial.rename(folder)
-        return folder
 
     def folders(self, relative: str) -> list[str]:
         """The names of the folders directly under `relative`."""

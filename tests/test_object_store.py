@@ -134,6 +134,54 @@ def test_a_run_config_in_the_bucket_is_written_once(s3, monkeypatch):
     assert files.read_text("runs/none.toml") is None
 
 
+def fetched_digest(root: str, env: dict, relative: str, cache: str) -> str:
+    """In a process of its own: fetch a folder into the shared cache and read it back (its files' digest)."""
+    import hashlib
+    import os
+
+    os.environ["GENENV_CACHE"] = cache
+    folder = LakeFiles(root, env).fetch_folder(relative, lambda cached: (cached / "model.safetensors").is_file())
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file())).hexdigest()
+
+
+@pytest.mark.integration
+def test_processes_share_one_checkpoint_cache_and_it_keeps_to_its_bound(s3, tmp_path, monkeypatch):
+    """Four processes fetch the same checkpoint into one cache at once: each reads it whole (a folder is checked and
+    replaced under its lock). Then, with a bound below two checkpoints, fetching one evicts the least recently
+    used other, never the one fetched."""
+    import hashlib
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    env, _ = s3
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("GENENV_CACHE", str(tmp_path / "writer"))
+    files = LakeFiles("s3://lake/cached", env)
+    for version in (1, 2):
+        folder = files.local(f"checkpoints/agent/v{version}")
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(bytes([version]) * 2**20)
+        files.upload_folder(f"checkpoints/agent/v{version}")
+    whole = hashlib.sha256(b"{}" + bytes([1]) * 2**20).hexdigest()
+
+    shared = str(tmp_path / "shared")
+    with ProcessPoolExecutor(
+        4, mp_context=multiprocessing.get_context("spawn")
+    ) as pool:  # obstore's runtime and fork do not mix
+        digests = list(pool.map(fetched_digest, *zip(*[("s3://lake/cached", env, "checkpoints/agent/v1", shared)] * 4)))
+    assert digests == [whole] * 4
+
+    monkeypatch.setenv("GENENV_CACHE", shared)
+    monkeypatch.setenv("GENENV_CACHE_GB", str(1.5 / 1024))  # 1.5 MiB: room for one 1 MiB checkpoint
+    reader = LakeFiles("s3://lake/cached", env)
+    v1, v2 = (reader.local(f"checkpoints/agent/v{v}") for v in (1, 2))
+    assert v1.is_dir() and not v2.exists()
+    reader.fetch_folder("checkpoints/agent/v2")
+    assert v2.is_dir() and not v1.exists()
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(
     "root, message",
