@@ -88,6 +88,40 @@ def test_grpo_raises_the_mean_reward_on_tiny():
     assert after > 2 * before and after > 0.1, (before, after)
 
 
+@pytest.mark.unit
+def test_the_ratio_is_taken_against_the_trainers_policy_and_the_samplers_logprobs_only_weight_it():
+    """As TRL: the denominator is the parent's log-probabilities as this model computes them, and the sampler's
+    (another engine's: here the transformers backend's, shifted as bf16 kernels would shift them) enter only as
+    min(pi_parent / pi_sampler, cap) per token."""
+    from trainers.batching import completion_logps
+    from trainers.grpo import grouped_order
+
+    agent = load_model("tiny", seed=0)
+    prompts = [render_prompt(agent.tokenizer, f"count {i}") for i in range(4)]
+    config = GRPOConfig(per_device_train_batch_size=8, filter_groups=False, importance_sampling_cap=2.0)
+    rows = rollout_rows(sample(agent, prompts, 4, seed=5), 4)
+    shift = torch.linspace(-1.5, 0.5, 16).tolist()  # per row: the sampler put more, or less, mass on its tokens
+    rows = rows.with_columns(
+        pl.Series("behaviour_logprobs", [[lp + d for lp in lps] for lps, d in zip(rows["behaviour_logprobs"], shift)])
+    )
+    rows, _ = select_rollouts(rows, 0, config)
+    trainer = GRPOTrainer(agent.model, agent.tokenizer, config)
+    order = grouped_order(rows["task_id"].to_list(), config.seed)  # the micro-batches' order of rows
+    weights = []
+    for k, mb in enumerate(trainer.micro_batches(rows)):
+        mask = mb.tokens.completion_mask.bool()
+        with torch.no_grad():
+            own = completion_logps(agent.model, mb.tokens)
+        assert torch.equal(mb.old_logps[mask], own[mask])
+        width = mb.old_logps.shape[1]
+        logprobs = [rows["behaviour_logprobs"][i].to_list() for i in order[8 * k : 8 * (k + 1)]]
+        sampled = torch.tensor([lps + [0.0] * (width - len(lps)) for lps in logprobs])
+        expected = torch.exp(own - sampled).clamp(max=2.0)
+        assert torch.allclose(mb.token_weights[mask], expected[mask], atol=1e-6)
+        weights.append(mb.token_weights[mask])
+    assert torch.cat(weights).max() == 2.0 and torch.cat(weights).min() < 0.7  # capped above, and below 1
+
+
 def answer_nll(loaded, anchor: pl.DataFrame) -> float:
     """The mean token NLL of the anchor's texts given their prompts, as the ptx term computes it."""
     import torch

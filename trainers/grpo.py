@@ -12,12 +12,13 @@ of rows, the staleness rule, batching and the optimiser. For that reason trl is 
 nothing of it would run, and its GRPO loss is a method of the trainer (it needs a trainer's state
 to call), so it cannot be held equal to ours on the same inputs without building that loop.
 
-Staleness: a row carries the agent version that produced it. Rows from the parent itself use
-their recorded behaviour log-probabilities as the ratio's denominator. Rows 1..max_staleness
-versions behind are either dropped (`off_policy="drop"`) or trained with the parent's
-log-probabilities as denominator and a truncated importance weight
-min(pi_parent / pi_behaviour, importance_sampling_cap) per token (`"truncate"`, as TRL corrects
-vLLM's sampling mismatch). Rows further behind are always dropped.
+The ratio's denominator (TRL's old policy) is the parent's log-probabilities, recomputed by the trainer at the
+start of the update and fixed across its num_iterations passes; the log-probabilities the sampler recorded only
+weight each token by min(pi_parent / pi_sampler, importance_sampling_cap), TRL's truncated importance-sampling
+correction (`vllm_importance_sampling_correction`). One weight covers both ways the sampler differs from the
+trainer: another engine (vLLM's kernels and batching) and an older agent. A row carries the agent version that
+produced it: rows 1..max_staleness versions behind are trained so (`off_policy="truncate"`) or dropped
+(`"drop"`); rows further behind are always dropped.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class MicroBatch:
     tokens: SharedPrefixBatch
     old_logps: torch.Tensor  # the ratio's denominator, (batch, C)
     advantages: torch.Tensor  # (batch,)
-    token_weights: torch.Tensor | None  # truncated importance weights of stale rows, 1 elsewhere
+    token_weights: torch.Tensor | None  # min(pi_parent / pi_sampler, cap) per token
     ref_logps: torch.Tensor | None
     reference_answers: TokenBatch | None = None  # the ptx term's rows (warm-start answers), when ptx_coef > 0
 
@@ -150,18 +151,14 @@ class GRPOTrainer(Trainer):
             completions = [rows["completion_token_ids"][i].to_list() for i in indices]
             tokens = pack_shared([prompts[i] for i in indices], completions, self.tokenizer.pad_token_id)
             behaviour = _pad([rows["behaviour_logprobs"][i].to_list() for i in indices], tokens.completion_width)
-            stale = torch.tensor([rows["staleness"][i] > 0 for i in indices])
-            old, weights = behaviour, None
-            if stale.any():
-                with torch.no_grad(), self.compute():
-                    current = completion_logps(self.model, tokens, cfg.temperature).cpu()
-                stale_tokens = stale.unsqueeze(-1).expand_as(current)
-                old = torch.where(stale_tokens, current, behaviour)
-                weights = torch.where(
-                    stale_tokens,
-                    torch.exp(current - behaviour).clamp(max=cfg.importance_sampling_cap),
-                    torch.ones_like(current),
-                )
+            # As TRL: the ratio's denominator is the policy at the start of the update, recomputed by this model
+            # (fixed across the update's passes), and the sampler's own log-probabilities only weight each token by
+            # min(pi_old / pi_sampler, cap), the truncated importance-sampling correction. That one weight covers
+            # both ways the sampler differs from the trainer: an older agent (stale rows) and another engine (vLLM's
+            # bf16 kernels and batching, where the two disagree even for the same weights).
+            with torch.no_grad(), self.compute():
+                old = completion_logps(self.model, tokens, cfg.temperature).float().cpu()
+            weights = torch.exp(old - behaviour).clamp(max=cfg.importance_sampling_cap)
             ref = self.reference_logps(tokens, cfg.temperature)
             batches.append(MicroBatch(tokens, old, advantages[indices], weights, ref))
         for i, batch in enumerate(self.reference_answers(len(batches))):

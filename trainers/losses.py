@@ -58,9 +58,9 @@ def grpo_loss(
     """Clipped-ratio policy loss over completion tokens.
 
     logps, old_logps, ref_logps, mask, token_weights: (batch, tokens); advantages: (batch,).
-    old_logps are the log-probabilities the ratio is taken against: the behaviour ones recorded at
-    rollout time, or the current policy's for stale rows, whose truncated importance weights
-    pi_old / pi_behaviour then come in as token_weights (TRL's importance-sampling correction)."""
+    old_logps are the log-probabilities the ratio is taken against (the policy at the start of the update);
+    token_weights, when given, the truncated importance weights min(pi_old / pi_sampler, cap) of the tokens
+    another engine or an older policy sampled (TRL's importance-sampling correction)."""
     mask = mask.float()
     log_ratio = logps - old_logps
     if config.importance_sampling_level == "sequence":
