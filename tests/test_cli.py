@@ -158,6 +158,25 @@ def test_the_memory_plan_prints_its_table_and_a_verdict():
     assert unknown.returncode == 2 and "cannot plan memory for '/no/such/model'" in unknown.stderr
 
 
+def test_the_async_plan_counts_every_workers_engine_and_both_updates_at_once():
+    """The async workers share one GPU: an engine per rollout worker, the agent trainer's validation engine and the
+    simulator's, both updates together, and a CUDA context per process. What fits the sync loop on 100 GiB does
+    not fit async (`genenv run --async` checks this plan before any work)."""
+    from engine.coevolution import load_config
+    from trainers.plan import CUDA_CONTEXT, plan_run
+
+    config = load_config("paper", None, ["rollout_workers=2"])
+    sync = plan_run(config, memory_gib=100, device="cuda")
+    streaming = plan_run(config, memory_gib=100, device="cuda", asynchronous=True)
+    engine = int(config.gpu_memory_utilization * 100 * 2**30)
+    assert list(streaming.generation.values()) == [engine] * 4  # 2 rollout workers, validation, simulator
+    updates = sum(u.total for u in streaming.updates)
+    assert streaming.peak == 4 * engine + updates + 5 * CUDA_CONTEXT  # 2 rollout workers, simulator, 2 trainers
+    assert sync.fits and not streaming.fits
+    shown = genenv_inline("plan", "--profile", "paper", "--gpu-memory", "100", "--set", "rollout_workers=2", "--async")
+    assert shown.returncode == 0 and "rollout worker 1" in shown.stdout and "does not fit" in shown.stdout
+
+
 @pytest.mark.parametrize("name", list(BAD_INVOCATIONS))
 def test_a_bad_invocation_is_one_line_and_exit_2_and_creates_nothing(name, tmp_path):
     args, message = BAD_INVOCATIONS[name]

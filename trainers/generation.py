@@ -297,6 +297,17 @@ class VLLMBackend:
         self.llm.collective_rpc(load_into_worker, args=(str(checkpoint),))
         self.llm.reset_prefix_cache()  # cached prefixes hold keys and values of the old weights
 
+    def close(self) -> None:
+        """Shut the engine down and give its GPU memory back (its core, then the model and the cache blocks)."""
+        import gc
+
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del self.llm
+        gc.collect()
+        torch.cuda.empty_cache()
+
     def generate(
         self,
         prompts: list[str],

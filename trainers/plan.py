@@ -24,6 +24,11 @@ What a device holds at the peak of a run, the sync loop's way (one update at a t
 
 With FSDP over N devices the master weights, gradients and optimizer state are divided by N (full
 sharding); with DDP every device holds them whole.
+
+The async mode (`genenv run --async`, `genenv plan --async`) runs its workers at once, each a process of its
+own on the same device: the simulator's generation, each rollout worker's, the agent trainer's validation
+generation beside its update, and the simulator trainer's update, all held together, plus a CUDA context per
+process on a GPU. (The launcher's own models are released before the workers start.)
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from .models import BUILTINS, cache_dir
 
 GIB = 1024**3
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+CUDA_CONTEXT = GIB // 2  # what each process on a GPU holds before its first tensor (CUDA context, kernels)
 PROMPT_TOKENS = (
     256  # the prompt length the plan assumes (simulator and agent prompts of the built-in domains are shorter)
 )
@@ -123,10 +129,14 @@ class Plan:
     generation: dict[str, int]  # role -> bytes its generation copy (or vLLM reservation) holds per device
     vllm: bool  # generation is vLLM engines' reservations, not transformers copies
     updates: list[UpdatePlan] = field(default_factory=list)
+    concurrent: bool = False  # async: the updates run at once (the sync loop makes one at a time)
+    processes: int = 0  # processes on the device, each with its CUDA context (0 on the CPU)
 
     @property
     def peak(self) -> int:
-        return sum(self.generation.values()) + max((u.total for u in self.updates), default=0)
+        totals = [u.total for u in self.updates]
+        updates = sum(totals) if self.concurrent else max(totals, default=0)
+        return sum(self.generation.values()) + updates + self.processes * CUDA_CONTEXT
 
     @property
     def fits(self) -> bool:
@@ -149,6 +159,8 @@ class Plan:
         for u in self.updates:
             for what in ("master", "gradients", "optimizer", "reference", "activations"):
                 out.append((f"train {u.role}", what, getattr(u, what) / GIB))
+        if self.processes:
+            out.append((f"{self.processes} processes", "CUDA contexts", self.processes * CUDA_CONTEXT / GIB))
         return out
 
 
@@ -185,12 +197,19 @@ def update_plan(
     )
 
 
-def plan_run(config, devices: int = 1, memory_gib: float | None = None, device: str | None = None) -> Plan:
+def plan_run(
+    config,
+    devices: int = 1,
+    memory_gib: float | None = None,
+    device: str | None = None,
+    asynchronous: bool = False,
+) -> Plan:
     """The memory plan of a RunConfig on `devices` devices of `memory_gib` each (default: this machine's: the
     first CUDA device's memory, or the CPU's RAM). A role whose trainer config sets `fsdp` is sharded over the
     devices; otherwise each device holds its model whole (DDP). device: "cuda" or
     "cpu" to plan for (default: where the config's device resolves on this machine); an "auto" dtype is then bf16
-    on CUDA and fp32 on the CPU, as it would be there."""
+    on CUDA and fp32 on the CPU, as it would be there. asynchronous: the async mode's workers on one device, all
+    at once (see the module's docstring)."""
     if device is None:
         device = "cuda" if config.precision.resolved().device.startswith("cuda") else "cpu"
     memory = _device_memory(device) if memory_gib is None else int(memory_gib * GIB)
@@ -198,13 +217,20 @@ def plan_run(config, devices: int = 1, memory_gib: float | None = None, device: 
     roles = {"agent": (config.agent_model, config.agent, config.agent_max_new_tokens)}
     if config.mode != "seeds-only":
         roles["env"] = (config.env_model, config.env, config.env_max_new_tokens)
-    generation = {}
-    for role, (model, _, _) in roles.items():
+
+    def held(role: str) -> int:  # one copy of a role's model for generation
         if config.backend == "vllm":
-            generation[role] = int(config.gpu_memory_utilization * memory)
-        else:
-            generation[role] = architecture(model).parameters * BYTES[dtype]
+            return int(config.gpu_memory_utilization * memory)
+        return architecture(roles[role][0]).parameters * BYTES[dtype]
+
     trained = [role for role in roles if role == "agent" or config.mode == "genenv"]
+    if asynchronous:
+        generation = {f"agent (rollout worker {i})": held("agent") for i in range(config.rollout_workers)}
+        generation["agent (train-agent's validation)"] = held("agent")
+        if "env" in roles:
+            generation["env (simulator worker)"] = held("env")
+    else:
+        generation = {role: held(role) for role in roles}
     updates = [
         update_plan(
             role,
@@ -217,7 +243,12 @@ def plan_run(config, devices: int = 1, memory_gib: float | None = None, device: 
         )
         for role in trained
     ]
-    return Plan(device, dtype, devices, memory, generation, config.backend == "vllm", updates)
+    # async on a GPU: each worker that holds a model is a process with its own CUDA context (the reward workers and
+    # the ingestor hold none)
+    processes = 0
+    if asynchronous and device == "cuda":
+        processes = config.rollout_workers + ("env" in roles) + len(trained)
+    return Plan(device, dtype, devices, memory, generation, config.backend == "vllm", updates, asynchronous, processes)
 
 
 def _device_memory(device: str) -> int:

@@ -74,7 +74,7 @@ def run(
         if cfg.epochs == 0 and not streaming:
             raise ValueError("epochs = 0 (until stopped) is for async runs: add --async")
         check_machine(cfg)  # the device, and vLLM where it is asked for: before the broker, the lake or a model
-        check_plan(cfg)
+        check_plan(cfg, asynchronous=streaming)
     check_output_folder(report, "--report")
     check_lake_root(lake)
     with kafka_bootstrap(bootstrap) as servers, phases() as phase:
@@ -137,6 +137,9 @@ def plan(
     gpu_memory: Annotated[
         float | None, typer.Option(help="GiB per device (default: this machine's GPU, or its RAM).")
     ] = None,
+    streaming: Annotated[
+        bool, typer.Option("--async", help="Plan the async mode: every worker's models on the device at once.")
+    ] = False,
 ) -> None:
     """The memory a run needs per device, by role and kind, and whether it fits: before anything is loaded.
     A role trained with FSDP (--set agent.fsdp=full_shard) has its weights, gradients and optimiser state
@@ -149,9 +152,13 @@ def plan(
         cfg = load_config(profile, config, list(set_ or ()))
         # GPUs when this machine has one or --gpu-memory describes them, else this machine's CPU and RAM.
         device = "cuda" if gpu_memory is not None or cfg.device.startswith("cuda") or _has_cuda() else "cpu"
-        the_plan = plan_run(cfg, gpus, gpu_memory, device=device)
+        the_plan = plan_run(cfg, gpus, gpu_memory, device=device, asynchronous=streaming)
     sharded = " FSDP" if cfg.agent.fsdp or cfg.env.fsdp else ""
-    title = f"memory plan: {profile}, {cfg.agent_model} / {cfg.env_model}, {the_plan.dtype}, {gpus} x {device}{sharded}"
+    mode = ", async" if streaming else ""
+    title = (
+        f"memory plan: {profile}{mode}, {cfg.agent_model} / {cfg.env_model}, {the_plan.dtype}, "
+        f"{gpus} x {device}{sharded}"
+    )
     rows = [(role, what, f"{gib:.2f}") for role, what, gib in the_plan.rows()]
     out = table(title, ("role", "what", "GiB per device"), rows, numbers=1)
     out.add_row("peak", "", f"{the_plan.peak / GIB:.2f}", style="bold")

@@ -200,11 +200,12 @@ def check_machine(config: RunConfig) -> None:
             raise ValueError(f"backend = vllm cannot run here: {why}; use --set backend=transformers")
 
 
-def check_plan(config: RunConfig) -> None:
-    """ValueError when the run's memory plan (trainers/plan.py) cannot fit this machine's device; a run whose models
-    the plan cannot size (a GGUF file, a hub id it does not know) is not stopped."""
+def check_plan(config: RunConfig, asynchronous: bool = False) -> None:
+    """ValueError when the run's memory plan (trainers/plan.py; the async mode's when asynchronous) cannot fit this
+    machine's device; a run whose models the plan cannot size (a GGUF file, a hub id it does not know) is not
+    stopped."""
     try:
-        the_plan = plan_run(config)
+        the_plan = plan_run(config, asynchronous=asynchronous)
     except ValueError:
         return
     if not the_plan.fits:

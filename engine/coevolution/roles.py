@@ -157,7 +157,16 @@ class ModelRole:
             self.engine.load_weights(self.model.source)  # the same engine, the new checkpoint's (verified) files
 
     def unload(self) -> None:
+        """Drop the model's transformers copy; a vLLM engine stays, to take the next checkpoint's weights."""
         self.model = None
+
+    def release(self) -> None:
+        """Drop the model and shut its vLLM engine down, giving its GPU memory back: for a process that is done
+        with the role (dropping the reference alone left the engine's reservation beside every async worker's)."""
+        self.unload()
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
 
     def generate(
         self,

@@ -56,8 +56,8 @@ def run_async(
                 engine.warm_start()
             engine.initial_validation = engine.validate()
     say(f"validation accuracy before training: {engine.initial_accuracy:.3f}")
-    engine.rollouts.unload()  # the workers hold the models from here on
-    engine.simulator.unload()
+    engine.rollouts.release()  # the workers hold the models from here on
+    engine.simulator.release()
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(to_toml(config))
     common = ["--lake", lake.root, "--bootstrap", bootstrap]
@@ -123,7 +123,7 @@ def run_async(
     elif config.final_bfcl_items:  # the newest agent checkpoint, as the sync loop does after its last epoch
         engine.rollouts.load(lake, run_version(lake, "agent", run_id))
         engine.final_benchmark = engine.benchmark()
-        engine.rollouts.unload()
+        engine.rollouts.release()
     return engine
 
 

@@ -94,6 +94,7 @@ class Worker:
         self.producer: EventProducer | None = None
         self.consumer = None
         self._looked = 0.0
+        self._held: list = []  # the model roles of the current attempt (`holding`)
 
     @property
     def group_id(self) -> str:
@@ -124,6 +125,18 @@ class Worker:
                 time.sleep(delay)
             finally:
                 self.disconnect()
+                self.release()
+
+    def holding(self, role):
+        """`role` (a model role the loop builds), released when this attempt of `run` ends: a retry builds new
+        roles, and an old one's vLLM engine would otherwise keep its GPU memory beside the new one's."""
+        self._held.append(role)
+        return role
+
+    def release(self) -> None:
+        for role in self._held:
+            role.release()
+        self._held.clear()
 
     def connect(self) -> None:
         ensure_topics(self.bootstrap)
@@ -189,7 +202,7 @@ class SimulatorWorker(Worker):
 
     def loop(self, consumer, stop: Stop) -> None:
         cfg = self.config
-        simulator = Simulator(cfg, self.domain, self.run_id)
+        simulator = self.holding(Simulator(cfg, self.domain, self.run_id))
         run = RunRows(self.lake, self.run_id)
         valid_in = run.valid_per_epoch()  # valid tasks of each round written (the lake's, then this worker's)
         round_ = max(valid_in, default=-1) + 1
@@ -224,7 +237,7 @@ class RolloutWorker(Worker):
     topics = ("genenv.tasks",)
 
     def loop(self, consumer, stop: Stop) -> None:
-        rollouts = Rollouts(self.config, self.domain, self.run_id)
+        rollouts = self.holding(Rollouts(self.config, self.domain, self.run_id))
         per_call = max(1, self.config.generation_batch_size // self.config.group_size)
         while not stop():
             self.refresh(rollouts)
@@ -424,7 +437,7 @@ class TrainerWorker(Worker):
         parent = run_version(self.lake, kind, self.run_id)
         validator = None
         if kind == "agent":
-            validator = Rollouts(cfg, self.domain, self.run_id)
+            validator = self.holding(Rollouts(cfg, self.domain, self.run_id))
             validation = self.domain.validation_set(cfg.validation_size)
         minimum = cfg.batch_size * cfg.group_size if kind == "agent" else 1
         updates, last_count, last_change = 0, 0, time.monotonic()
