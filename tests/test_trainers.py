@@ -122,6 +122,23 @@ def test_the_ratio_is_taken_against_the_trainers_policy_and_the_samplers_logprob
     assert torch.cat(weights).max() == 2.0 and torch.cat(weights).min() < 0.7  # capped above, and below 1
 
 
+@pytest.mark.unit
+def test_dapo_normalises_each_micro_batch_by_its_steps_tokens():
+    """loss_type dapo (TRL's default): a step's loss is its token sum over every completion token of the step, so
+    each micro-batch carries the step's tokens per micro-batch (optimise averages the step's micro-batches)."""
+    agent = load_model("tiny", seed=0)
+    prompts = [render_prompt(agent.tokenizer, f"count {i}") for i in range(4)]
+    config = GRPOConfig(loss_type="dapo", per_device_train_batch_size=4, gradient_accumulation_steps=3)
+    rows, _ = select_rollouts(
+        rollout_rows(sample(agent, prompts, 4, seed=5), 4), 0, config.__class__(filter_groups=False)
+    )
+    batches = GRPOTrainer(agent.model, agent.tokenizer, config).micro_batches(rows)
+    assert len(batches) == 4  # steps of 3 and 1 micro-batches
+    for step in (batches[:3], batches[3:]):
+        tokens = sum(float(mb.tokens.completion_mask.sum()) for mb in step)
+        assert {mb.step_tokens for mb in step} == {tokens / len(step)}
+
+
 def answer_nll(loaded, anchor: pl.DataFrame) -> float:
     """The mean token NLL of the anchor's texts given their prompts, as the ptx term computes it."""
     import torch

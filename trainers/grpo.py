@@ -7,10 +7,10 @@ for that many completions, scores them with reward functions it calls itself, an
 batches. Here the rollouts, their rewards and their behaviour log-probabilities were produced by
 other workers (possibly by older policies) and sit in the lake; pushing them back through that
 loop would mean a fake prompt dataset and reward functions that look rewards up. What GRPO *is*
-lives in trainers/losses.py with TRL's option names and formulas; this module is only the reading
-of rows, the staleness rule, batching and the optimiser. For that reason trl is not a dependency:
-nothing of it would run, and its GRPO loss is a method of the trainer (it needs a trainer's state
-to call), so it cannot be held equal to ours on the same inputs without building that loop.
+lives in trainers/losses.py with TRL's option names and formulas, and is held equal to TRL's own loss
+(a GRPOTrainer's `_compute_loss` on the same rows and log-probabilities, every loss type and the options
+that change the formula: tests/test_trl_parity.py); this module is only the reading of rows, the
+staleness rule, batching and the optimiser.
 
 The ratio's denominator (TRL's old policy) is the parent's log-probabilities, recomputed by the trainer at the
 start of the update and fixed across its num_iterations passes; the log-probabilities the sampler recorded only
@@ -57,7 +57,7 @@ class GRPOConfig(OptimConfig, GRPOLossConfig):
     def check(self) -> None:
         super().check()
         choices = {
-            "loss_type": ("grpo", "bnpo", "dr_grpo"),
+            "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
             "scale_rewards": ("group", "batch", "none"),
             "importance_sampling_level": ("token", "sequence"),
             "off_policy": ("truncate", "drop"),
@@ -81,6 +81,7 @@ class MicroBatch:
     token_weights: torch.Tensor | None  # min(pi_parent / pi_sampler, cap) per token
     ref_logps: torch.Tensor | None
     reference_answers: TokenBatch | None = None  # the ptx term's rows (warm-start answers), when ptx_coef > 0
+    step_tokens: float | None = None  # dapo: its optimiser step's completion tokens per micro-batch of the step
 
 
 def staleness_of(version: str, parent_version: int) -> int | None:
@@ -163,6 +164,12 @@ class GRPOTrainer(Trainer):
             batches.append(MicroBatch(tokens, old, advantages[indices], weights, ref))
         for i, batch in enumerate(self.reference_answers(len(batches))):
             batches[i].reference_answers = batch
+        steps = cfg.gradient_accumulation_steps  # the micro-batches of a step, as `optimise` groups them
+        for start in range(0, len(batches), steps):
+            step = batches[start : start + steps]
+            tokens = sum(float(mb.tokens.completion_mask.sum()) for mb in step)
+            for mb in step:
+                mb.step_tokens = tokens / len(step)
         return batches
 
     def reference_answers(self, n: int) -> list[TokenBatch]:
@@ -193,6 +200,7 @@ class GRPOTrainer(Trainer):
             self.config,
             on(mb.ref_logps),
             on(mb.token_weights),
+            mb.step_tokens,
         )
         if mb.reference_answers is not None:
             with self.compute():

@@ -14,13 +14,16 @@ import torch
 
 @dataclass
 class GRPOLossConfig:
-    loss_type: Literal["grpo", "bnpo", "dr_grpo"] = "bnpo"
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "bnpo"
     epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
     epsilon_high: float | None = None  # upper clip (DAPO's clip-higher); defaults to epsilon
     beta: float = 0.0  # KL coefficient to the reference policy (k3 estimator), the warm start if any; 0 disables it
     scale_rewards: Literal["group", "batch", "none"] = "group"
     importance_sampling_level: Literal["token", "sequence"] = "token"
     max_completion_length: int | None = None  # dr_grpo's constant normaliser; defaults to the batch's width
+    # The KL term times the (differentiable) ratio, so that its gradient is the unbiased reverse-KL gradient
+    # (DeepSeek-V3.2; TRL's default since 1.x): it changes the gradient even where the ratio is exactly 1.
+    use_bias_correction_kl: bool = True
 
 
 def group_advantages(
@@ -54,13 +57,16 @@ def grpo_loss(
     config: GRPOLossConfig,
     ref_logps: torch.Tensor | None = None,
     token_weights: torch.Tensor | None = None,
+    step_tokens: float | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """Clipped-ratio policy loss over completion tokens.
 
     logps, old_logps, ref_logps, mask, token_weights: (batch, tokens); advantages: (batch,).
     old_logps are the log-probabilities the ratio is taken against (the policy at the start of the update);
     token_weights, when given, the truncated importance weights min(pi_old / pi_sampler, cap) of the tokens
-    another engine or an older policy sampled (TRL's importance-sampling correction)."""
+    another engine or an older policy sampled (TRL's importance-sampling correction). step_tokens: dapo's
+    normaliser, the completion tokens of the optimiser step this micro-batch is part of, per micro-batch of the
+    step (so that the step's mean over its micro-batches is its token sum over all its tokens, as TRL's dapo)."""
     mask = mask.float()
     log_ratio = logps - old_logps
     if config.importance_sampling_level == "sequence":
@@ -78,7 +84,7 @@ def grpo_loss(
             raise ValueError("beta > 0 needs reference log-probabilities")
         delta = ref_logps - logps
         kl = torch.exp(delta) - delta - 1  # k3: unbiased, always >= 0
-        per_token = per_token + config.beta * kl
+        per_token = per_token + config.beta * (kl * ratio if config.use_bias_correction_kl else kl)
 
     if config.loss_type == "grpo":
         loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
@@ -87,8 +93,10 @@ def grpo_loss(
     elif config.loss_type == "dr_grpo":
         width = config.max_completion_length or logps.shape[-1]
         loss = (per_token * mask).sum() / (logps.shape[0] * width)
+    elif config.loss_type == "dapo":
+        loss = (per_token * mask).sum() / max(step_tokens if step_tokens is not None else mask.sum().item(), 1.0)
     else:
-        raise ValueError(f"loss_type must be grpo, bnpo or dr_grpo, got {config.loss_type!r}")
+        raise ValueError(f"loss_type must be grpo, bnpo, dr_grpo or dapo, got {config.loss_type!r}")
 
     with torch.no_grad():
         tokens = mask.sum().clamp(min=1)
