@@ -441,20 +441,29 @@ class TrainerWorker(Worker):
             validation = self.domain.validation_set(cfg.validation_size)
         minimum = cfg.batch_size * cfg.group_size if kind == "agent" else 1
         updates, last_count, last_change = 0, 0, time.monotonic()
+        # The pool is read again only when its version or the parent moves (a read is the whole table at two
+        # versions, and a long run's pool is large); an update that found nothing to train on is not tried again
+        # on the same two.
+        looked_at, refused = None, None
         while (cfg.epochs == 0 or updates < cfg.epochs) and not stop():
             time.sleep(1.0)
             pool_version = self.lake.version(f"gold/{POOL_OF[kind]}")
-            seen = manifest(self.lake, kind, parent)["pool_version"] if parent else None
-            rows = new_rows(self.lake, POOL_OF[kind], pool_version, seen)
-            rows = rows.filter(rows["run_id"] == self.run_id)
+            if (pool_version, parent) != looked_at:
+                seen = manifest(self.lake, kind, parent)["pool_version"] if parent else None
+                rows = new_rows(self.lake, POOL_OF[kind], pool_version, seen)
+                rows = rows.filter(rows["run_id"] == self.run_id)
+                looked_at = (pool_version, parent)
             if rows.height != last_count:
                 last_count, last_change = rows.height, time.monotonic()
             # A batch's worth of new rows, or fewer once nothing new has landed for a while (the run's tail).
             if rows.height == 0 or (rows.height < minimum and time.monotonic() - last_change < IDLE_S):
                 continue
+            if refused == looked_at:
+                continue
             try:
                 record = updater.update(self.lake, parent, pool_version=pool_version)
             except TrainError:
+                refused = looked_at
                 continue  # nothing new (or all filtered / too stale) yet
             if validator is not None:
                 validator.load(self.lake, record.version, record.sha256)
