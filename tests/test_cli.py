@@ -75,6 +75,10 @@ BAD_INVOCATIONS = {  # name: (arguments, what the one line says); LAKE is a path
         ["run", "--profile", "quick", "--lake", "LAKE", "--set", "backend=vllm"],
         "backend = vllm cannot run here: CUDA is not available",
     ),
+    "vllm_server_without_cuda": (  # its client pushes each checkpoint's weights over NCCL, from a CUDA device
+        ["run", "--profile", "quick", "--lake", "LAKE", "--set", "backend=vllm-server"],
+        "backend = vllm-server cannot run here: CUDA is not available",
+    ),
     "cuda_device_without_cuda": (
         ["run", "--profile", "quick", "--lake", "LAKE", "--set", "device=cuda"],
         "device cuda: CUDA is not available",

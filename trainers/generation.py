@@ -347,6 +347,76 @@ class VLLMBackend:
         return out
 
 
+class VLLMServerBackend:
+    """Generation from a vLLM server that TRL's client speaks to, so that rollouts run on other GPUs or nodes than
+    training (TRL's server mode). Start the server as TRL documents it:
+
+        VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --weight-transfer-config '{"backend": "nccl"}' \
+            --logprobs-mode processed_logprobs --max-logprobs -1
+
+    Prompts go as token ids (`prompt_token_ids`), each with its own seed and grammar (one request per prompt: the
+    server's seed and structured output are per request). A new checkpoint's weights are pushed over NCCL with
+    `VLLMClient.update_model_params`, from a copy of the model on this process's CUDA device.
+
+    Untested: no GPU with vLLM was available where this was written (README, "What has not run")."""
+
+    def __init__(
+        self, base_url: str, tokenizer, device: str = "cuda", group_port: int = 51216, connection_timeout_s: float = 120
+    ):
+        from trl.generation.vllm_client import VLLMClient
+
+        # group_port: the NCCL group the weights go through; one per server a process talks to
+        self.client = VLLMClient(base_url=base_url, group_port=group_port, connection_timeout=connection_timeout_s)
+        self.client.init_communicator(device=device)
+        self.tokenizer = tokenizer
+        self.device = device
+
+    def load_weights(self, checkpoint: str) -> None:
+        """Push a checkpoint's weights (its folder) to the server, in the dtype the server serves."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).to(self.device)
+        self.client.update_model_params(model)
+        self.client.reset_prefix_cache()  # cached prefixes hold keys and values of the old weights
+        del model
+        torch.cuda.empty_cache()
+
+    def generate(
+        self,
+        prompts: list[str],
+        sampling: SamplingConfig | None = None,
+        seeds: list[int] | None = None,
+        progress=None,
+        grammars: list[str] | None = None,
+    ) -> list[Generation]:
+        sampling = sampling or SamplingConfig()
+        greedy = sampling.temperature <= 0
+        grammars = grammars or [""] * len(prompts)
+        out = []
+        for prompt, ids, seed, grammar in zip(
+            prompts, prompt_token_ids(self.tokenizer, prompts), prompt_seeds(sampling, len(prompts), seeds), grammars
+        ):
+            extra = {"seed": seed, **({"structured_outputs": {"grammar": grammar}} if grammar else {})}
+            answer = self.client.generate(
+                [ids],
+                temperature=0.0 if greedy else sampling.temperature,
+                top_p=1.0 if greedy else sampling.top_p,
+                max_tokens=sampling.max_new_tokens,
+                logprobs=0,
+                generation_kwargs=extra,
+            )
+            completion = answer["completion_ids"][0]
+            logprobs = [entry[0] for entry in answer["logprobs"][0]]  # the sampled token's, first of each entry
+            text = self.tokenizer.decode(completion, skip_special_tokens=True)
+            out.append(Generation(prompt, list(answer["prompt_ids"][0]), text, list(completion), logprobs))
+            if progress:
+                progress(len(out), len(prompts))
+        return out
+
+    def close(self) -> None:
+        self.client.close_communicator()
+
+
 def load_into_worker(worker, checkpoint: str) -> None:
     """Run in a vLLM worker (VLLMBackend.load_weights): its model loads the checkpoint's tensors, a file at a time."""
     from pathlib import Path

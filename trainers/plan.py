@@ -221,6 +221,8 @@ def plan_run(
     def held(role: str) -> int:  # one copy of a role's model for generation
         if config.backend == "vllm":
             return int(config.gpu_memory_utilization * memory)
+        if config.backend == "vllm-server":  # the server's GPUs are its own; here, the bf16 copy its weights go from
+            return architecture(roles[role][0]).parameters * BYTES["bf16"]
         return architecture(roles[role][0]).parameters * BYTES[dtype]
 
     trained = [role for role in roles if role == "agent" or config.mode == "genenv"]

@@ -67,7 +67,10 @@ class RunConfig:
     warm_start_epochs: int = 2
     warm_start_learning_rate: float = 1e-4
     seeds_path: str = ""  # toolcall: draw the seeds from API-Bank's level-1-api.json (e.g. data/api-bank)
-    backend: Literal["transformers", "vllm"] = "transformers"
+    backend: Literal["transformers", "vllm", "vllm-server"] = "transformers"
+    # backend vllm-server: each role's `vllm serve` (TRL's server mode: trainers/generation.py VLLMServerBackend)
+    agent_vllm_server_base_url: str = "http://127.0.0.1:8000"
+    env_vllm_server_base_url: str = "http://127.0.0.1:8001"
     device: str = "auto"  # where models live: auto (CUDA when present, else cpu), cpu, cuda, cuda:<n>
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on cpu), fp32, bf16, fp16; trainers keep fp32 master weights
     tensor_parallel_size: int = 1  # vLLM: GPUs per engine
@@ -147,8 +150,8 @@ class RunConfig:
             raise ValueError(f"final_bfcl_items must be >= 0, got {self.final_bfcl_items}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.backend not in ("transformers", "vllm"):
-            raise ValueError(f"backend must be transformers or vllm, got {self.backend!r}")
+        if self.backend not in ("transformers", "vllm", "vllm-server"):
+            raise ValueError(f"backend must be transformers, vllm or vllm-server, got {self.backend!r}")
         self.precision.check()
         if self.tensor_parallel_size < 1 or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("tensor_parallel_size must be >= 1 and gpu_memory_utilization in (0, 1]")
@@ -175,8 +178,8 @@ class RunConfig:
 
 def check_machine(config: RunConfig) -> None:
     """What this machine must have for the run (ValueError naming what is missing), before any work starts: the
-    device, and vLLM with CUDA where backend = vllm. `RunConfig.check` does not ask, so a config for another
-    machine can still be read, printed and written."""
+    device, and vLLM with CUDA where backend = vllm or vllm-server. `RunConfig.check` does not ask, so a config for
+    another machine can still be read, printed and written."""
     try:
         config.precision.resolved()
     except ValueError as exc:
@@ -194,10 +197,10 @@ def check_machine(config: RunConfig) -> None:
             BFCL(FINAL_CATEGORIES).load(None, 1)
         except DataMissing as exc:
             raise ValueError(f"final_bfcl_items: {exc}") from None
-    if config.backend == "vllm":
+    if config.backend in ("vllm", "vllm-server"):  # the server's client pushes weights over NCCL, from CUDA
         ok, why = vllm_available()
         if not ok:
-            raise ValueError(f"backend = vllm cannot run here: {why}; use --set backend=transformers")
+            raise ValueError(f"backend = {config.backend} cannot run here: {why}; use --set backend=transformers")
 
 
 def check_plan(config: RunConfig, asynchronous: bool = False) -> None:

@@ -25,6 +25,7 @@ from trainers import (
     SamplingConfig,
     TransformersBackend,
     VLLMBackend,
+    VLLMServerBackend,
     load_checkpoint,
     load_published,
     registry,
@@ -146,7 +147,9 @@ class ModelRole:
             return
         # With vLLM the weights that generate live in its engine: the transformers copy, only read to load them
         # into it, stays on the CPU.
-        precision = self.config.precision if self.config.backend != "vllm" else Precision("cpu", self.config.dtype)
+        precision = (
+            self.config.precision if self.config.backend == "transformers" else Precision("cpu", self.config.dtype)
+        )
         self.model = (
             load_published(lake, self.kind, version, sha256, precision)
             if sha256
@@ -191,8 +194,17 @@ class ModelRole:
 
     def backend(self):
         cfg = self.config
-        if cfg.backend != "vllm":
+        if cfg.backend == "transformers":
             return TransformersBackend(self.model.model, self.model.tokenizer, batch_size=cfg.generation_batch_size)
+        if self.engine is None and cfg.backend == "vllm-server":
+            agent = self.kind == "agent"
+            self.engine = VLLMServerBackend(
+                cfg.agent_vllm_server_base_url if agent else cfg.env_vllm_server_base_url,
+                self.model.tokenizer,
+                device=cfg.precision.resolved().device,
+                group_port=51216 if agent else 51217,  # one NCCL group per server this process talks to
+            )
+            self.engine.load_weights(self.model.source)  # the server started from the base model
         if self.engine is None:
             self.engine = VLLMBackend(
                 self.model.source,
