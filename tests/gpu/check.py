@@ -12,7 +12,9 @@ package's __init__, which pulls in the lake. For each model it:
     2. runs one GRPO step (grpo_loss) and one RWR step (rwr_loss) with fp32 master weights and bf16 autocast
        (the 7B-like model as the paper profile trains it: LoRA on a bf16 base with gradient checkpointing),
        and checks the weights moved and stayed finite;
-    3. prints tokens/s of generation and of the update, the update's peak memory beside the plan's estimate, and the
+    3. saves what an update's checkpoint holds (fp32: the master weights, or LoRA merged into the base cast up)
+       and reads it back, checking it equal bit for bit, and prints the share of the update a bf16 file loses;
+    4. prints tokens/s of generation and of the update, the update's peak memory beside the plan's estimate, and the
        forward plus backward time of the shared-prefix layout against the packed one (8 prompts of 100 tokens,
        G = 4, 12-token completions).
 
@@ -179,6 +181,7 @@ def check_model(name: str, device: str, dtype: torch.dtype, m) -> dict:
     train_s = time.perf_counter() - start
     moved = any(not torch.equal(before[k], p) for k, p in model.named_parameters() if k in before)
     finite = all(torch.isfinite(p).all().item() for p in model.parameters())
+    kept, lost_in_bf16 = checkpoint_round_trip(model, before, loop)
     trained_tokens = 2 * int(tokens.attention_mask.sum())
 
     plan = m["plan"]
@@ -202,12 +205,19 @@ def check_model(name: str, device: str, dtype: torch.dtype, m) -> dict:
         "rwr_loss": round(rwr_metrics["loss"], 5),
         "weights_moved": moved,
         "finite": finite,
+        "checkpoint_keeps_the_update": kept,
+        "share_of_changes_a_bf16_file_loses": lost_in_bf16,
         "generation_tokens_per_s": round(sum(len(s.token_ids) for s in samples) / gen_s, 1),
         "update_tokens_per_s": round(trained_tokens / train_s, 1),
         **layouts,
         "peak_memory_gib": round(peak / 2**30, 2) if peak is not None else None,
         "plan_estimate_gib": round(estimate.total / 2**30, 2),
-        "ok": distinct_groups == len(prompts) and gap < tolerance and shared_gap < tolerance and moved and finite,
+        "ok": distinct_groups == len(prompts)
+        and gap < tolerance
+        and shared_gap < tolerance
+        and moved
+        and finite
+        and kept,
     }
 
 
@@ -278,6 +288,32 @@ def layout_sweep(name: str, device: str, dtype: torch.dtype, m) -> None:
             ),
             flush=True,
         )
+
+
+def checkpoint_round_trip(model, before: dict, loop) -> tuple[bool, float]:
+    """What trainers/update.py saves after an update (LoRA merged into the base cast up to fp32; full fine-tuning's
+    fp32 master weights), written with save_pretrained and read back: (every weight equal bit for bit, the share
+    of the changed weights among `before`'s tensors that a bf16 file would have rounded back to where they were)."""
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    saved = loop.merged(model.float())
+    with tempfile.TemporaryDirectory() as folder:
+        saved.save_pretrained(folder, safe_serialization=True)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    theirs = loaded.state_dict()
+    kept = all(torch.equal(t.cpu(), theirs[k]) for k, t in saved.state_dict().items() if k in theirs)
+    changed = lost = 0
+    for name, start in before.items():
+        name = name.replace("base_model.model.", "").replace(".base_layer", "")
+        if name not in theirs or "lora_" in name:
+            continue
+        now, start = theirs[name], start.float().cpu()
+        moved = now != start
+        changed += int(moved.sum())
+        lost += int((moved & (now.bfloat16() == start.bfloat16())).sum())
+    return kept, round(lost / max(changed, 1), 4)
 
 
 def sync(device: str) -> None:
