@@ -345,13 +345,18 @@ def request_grammar(candidates: list[dict]) -> str:
         + " closing"
         for i, spec in enumerate(candidates)
     ]
-    words = f"[A-Za-z(] [A-Za-z0-9,.:;'?!() ]{{0,{FREE_TEXT - 1}}}"
-    few = f"[A-Za-z(] [A-Za-z0-9,.:;'?!() ]{{0,{NEAR_TEXT - 1}}}"  # between two values of one call
+    # The simulator's own words are lower-case but for the first letter of a run or of a sentence: a city or a
+    # currency (capitals) is a value, so a run can hardly carry another candidate's (a request that does is
+    # ambiguous: `parse`).
+    words = f"[A-Za-z(] (lower | sentence){{0,{FREE_TEXT - 1}}}"
+    few = f"[A-Za-z(] (lower | sentence){{0,{NEAR_TEXT - 1}}}"  # between two values of one call
     return "\n".join(
         [
             f"root ::= {' | '.join(f'candidate{i}' for i in range(len(candidates)))}",
             *rules,
             f"words ::= {words}",
+            "lower ::= [a-z0-9,:;'() ]",
+            'sentence ::= [.?!] (" " [A-Z])?',
             'opening ::= (words " ")?',
             f"few ::= {few}",
             'gap ::= [,.:;?!)]{0,2} " " (words " ")?',
