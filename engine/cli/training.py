@@ -55,7 +55,7 @@ def train(
     changes them."""
     from engine.coevolution import publish_checkpoint
     from engine.coevolution.overrides import apply_overrides
-    from trainers import KINDS, POOL_OF, inherited_config, latest_version, train_update
+    from trainers import KINDS, POOL_OF, default_config, inherited_config, latest_version, train_update
     from trainers.distributed import check_sharding, world_size
     from trainers.models import Precision
 
@@ -63,14 +63,17 @@ def train(
         raise UserError(f"unknown model kind {kind!r}; kinds: {', '.join(KINDS)}")
     check_positive(num_processes=num_processes)
     sets = list(set_ or ())
+    with bad_input():  # the options first, on the defaults: a bad one stops before the lake is opened
+        config = apply_overrides(default_config(kind), sets)
+        config.check()
+        if num_processes > 1:
+            check_sharding(config.fsdp, Precision().resolved().device)
     lake_ = Lake(lake, create=False)
     start = latest_version(lake_, kind) if parent is None else parent
     with bad_input():
         config, inherited_from = inherited_config(lake_, kind, start)
         config = apply_overrides(config, sets)
         config.check()
-        if num_processes > 1:
-            check_sharding(config.fsdp, Precision().resolved().device)
     if inherited_from is not None and world_size() == 1:
         console.print(f"options: those of {kind} v{inherited_from}'s update" + (", with --set" if sets else ""))
     if configured_bootstrap(bootstrap):
