@@ -455,9 +455,15 @@ class CoEvolution:
         env_version = self.train("env", epoch=epoch, note=updates) if cfg.mode == "genenv" else None
         lap("train_env")
         self.load(agent_version or self.rollouts.version, env_version or self.simulator.version)
-        # The agent checkpoint's metrics carry its validation accuracy (so the lake alone tells it); an epoch
-        # without an agent update validates the unchanged agent.
-        validation = self.validated if agent_version else self.validate(whole=epoch == cfg.epochs - 1)
+        # The agent checkpoint's metrics carry its validation accuracy (so the lake alone tells it). An epoch
+        # without an agent update keeps the unchanged agent's validation (greedy, so the same again) unless it has
+        # none yet or the last epoch needs the whole set where it has the subset's.
+        last = epoch == cfg.epochs - 1
+        if not agent_version and (
+            not self.validated.successes or (last and len(self.validated.successes) < len(self.validation))
+        ):
+            self.validated = self.validate(whole=last)
+        validation = self.validated
         lap("validate")
         self.history = [(by_id[r.task_id].parsed.difficulty, r.success) for r in rewards]
 
