@@ -26,7 +26,7 @@ from .generation import (
 from .grpo import GRPOConfig, GRPOTrainer
 from .loop import OptimizerState
 from .losses import GRPOLossConfig, group_advantages, grpo_loss, rwr_loss, rwr_weights
-from .models import BUILTINS, CPU, LoadedModel, ModelNotFound, Precision, check_model_spec, load_model
+from .models import BUILTINS, CPU, LoadedModel, ModelNotFound, Precision, check_model_spec, load_model, native_bf16
 from .rwr import RWRConfig, RWRTrainer
 from .update import (
     POOL_OF,
@@ -72,6 +72,7 @@ __all__ = [
     "load_checkpoint",
     "check_model_spec",
     "load_model",
+    "native_bf16",
     "load_published",
     "load_verified",
     "manifest",

@@ -20,8 +20,7 @@ from typing import Literal, get_args
 import tomli_w
 
 from lake import Lake
-from trainers import GRPOConfig, ModelNotFound, Precision, RWRConfig, check_model_spec, vllm_available
-from trainers.models import native_bf16
+from trainers import GRPOConfig, ModelNotFound, Precision, RWRConfig, check_model_spec, native_bf16, vllm_available
 from trainers.plan import plan_run
 
 from ..domains import DOMAINS, get_domain
