@@ -1,6 +1,6 @@
 """A lake on s3://, served by moto's standalone S3 server on 127.0.0.1: delta-rs, Polars and obstore talk to it with
-their real HTTP clients. A quick run, an audit and a replay; run configs, checkpoints and reports in the bucket; a
-remote lake genenv cannot use stops before any work."""
+their real HTTP clients. A quick run in mixed precision, an audit and a replay; run configs, checkpoints and reports
+in the bucket; a remote lake genenv cannot use stops before any work."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 import boto3
 import pytest
 from conftest import free_port, genenv_cli, genenv_inline, http_server
+from safetensors import safe_open
 
 from lake import Lake, LakeError, LakeFiles, read_table, silver
 
@@ -48,7 +49,9 @@ def keys(client, prefix: str) -> set[str]:
 
 
 @pytest.mark.e2e
-def test_a_quick_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_path, monkeypatch):
+def test_a_quick_bf16_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_path, monkeypatch):
+    """The run is in mixed precision (dtype = bf16: fp32 master weights, bf16 compute, checkpoints of the fp32
+    weights trained), which replays as bit for bit as fp32 (the quick run of test_audit.py)."""
     env, client = s3
     root = "s3://lake/quick"
     # The run writes checkpoints through one local cache; the audit and replay start from an empty one, so
@@ -63,6 +66,8 @@ def test_a_quick_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_path, m
         "1",
         "--set",
         "agent.beta=0.04",
+        "--set",
+        "dtype=bf16",
         env={**env, "GENENV_CACHE": str(tmp_path / "run-cache")},
         timeout=900,
     )
@@ -82,6 +87,12 @@ def test_a_quick_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_path, m
     assert registry.height >= 3  # the warm starts of both roles and at least one GRPO update of the agent
     for row in registry.iter_rows(named=True):
         assert f"quick/{row['path']}/model.safetensors" in stored
+        lineage = json.loads(client.get_object(Bucket="lake", Key=f"quick/{row['path']}/genenv.json")["Body"].read())
+        assert lineage["precision"] == {"device": "cpu", "dtype": "bf16"}
+        weights_file = tmp_path / "weights.safetensors"
+        client.download_file("lake", f"quick/{row['path']}/model.safetensors", str(weights_file))
+        with safe_open(str(weights_file), "pt") as weights:
+            assert {weights.get_slice(k).get_dtype() for k in weights.keys()} == {"F32"}, row["path"]
     # Nothing of the lake was written beside it on the local disk.
     assert not (tmp_path / "s3:").exists()
 

@@ -100,48 +100,6 @@ def test_held_offsets_commit_below_the_first_message_whose_work_is_pending():
     assert held.to_commit() == {}
 
 
-@pytest.mark.e2e
-def test_two_rollout_and_two_reward_workers_share_the_work_once(tmp_path):
-    """seeds-only with 16 tasks an epoch, so that every round has tasks on every partition (the tiny simulator's own
-    tasks are mostly invalid: with 4 of them one worker may get them all)."""
-    root = tmp_path / "lake"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "engine.cli",
-            "run",
-            "--profile",
-            "quick",
-            "--async",
-            "--lake",
-            str(root),
-            "--seed",
-            "2",
-            "--epochs",
-            "3",
-            *SEEDS_ONLY,
-            "--set",
-            "tasks_per_epoch=16",
-            "--set",
-            "rollout_workers=2",
-            "--set",
-            "reward_workers=2",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    lake = Lake(root, create=False)
-    assert_whole(lake, group_size=4)
-    rollouts = of_run(read_table(lake, silver("rollout")))
-    assert set(rollouts["producer"]) == {"rollout-0", "rollout-1"}, "both rollout workers did work"
-    rewards = of_run(read_table(lake, silver("reward")))
-    assert set(rewards["producer"]) <= {"reward-0", "reward-1"}
-
-
 def workers(run: subprocess.Popen, role: str) -> list[psutil.Process]:
     """The run's live worker processes of a role (`genenv worker ROLE`, or `genenv ingest`)."""
     found = []
@@ -158,9 +116,12 @@ def workers(run: subprocess.Popen, role: str) -> list[psutil.Process]:
 
 
 @pytest.mark.e2e
-def test_workers_killed_mid_run_are_restarted_and_nothing_is_lost_or_doubled(tmp_path):
-    """SIGKILL one worker of each role in turn during an async quick run: the supervisor restarts it, the run
-    succeeds, each restart is in the lake and in the epoch's audit, and no task lacks or repeats any work."""
+def test_two_workers_of_each_role_share_the_work_once_and_killed_ones_are_restarted(tmp_path):
+    """An async quick run with two rollout and two reward workers (one consumer group a role); the workers of each
+    role are SIGKILLed in turn during it: the supervisor restarts them, the run succeeds, both rollout workers did
+    work, each restart is in the lake and in the epoch's audit, and no task lacks or repeats any work. seeds-only with
+    16 tasks an epoch, so that every round has tasks on every partition (the tiny simulator's own tasks are mostly
+    invalid: with 4 of them one worker may get them all)."""
     root = tmp_path / "lake"
     background = Background(
         tmp_path,
@@ -175,6 +136,12 @@ def test_workers_killed_mid_run_are_restarted_and_nothing_is_lost_or_doubled(tmp
         "--epochs",
         "3",
         *SEEDS_ONLY,
+        "--set",
+        "tasks_per_epoch=16",
+        "--set",
+        "rollout_workers=2",
+        "--set",
+        "reward_workers=2",
     )
     run = background.process
     killed = []
@@ -195,6 +162,10 @@ def test_workers_killed_mid_run_are_restarted_and_nothing_is_lost_or_doubled(tmp
     assert {"rollout", "reward", "ingest", "train-agent"} <= set(killed), (killed, out[-2000:])
     lake = Lake(root, create=False)
     assert_whole(lake, group_size=4)
+    rollouts = of_run(read_table(lake, silver("rollout")))
+    assert set(rollouts["producer"]) == {"rollout-0", "rollout-1"}, "both rollout workers did work"
+    rewards = of_run(read_table(lake, silver("reward")))
+    assert set(rewards["producer"]) <= {"reward-0", "reward-1"}
     restarts = read_table(lake, silver("restart"))
     assert set(killed) <= set(restarts["role"]), restarts
     assert (restarts["exit_code"] == -signal.SIGKILL).all()
