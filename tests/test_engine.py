@@ -120,6 +120,13 @@ def test_parsers_record_why_a_generation_is_not_a_task():
     assert toolcall.parse(f"{call['name']}(x) please", request.context).reason.startswith("leaks_call")
     values = " ".join(str(v) for c in hard["calls"] for v in c["arguments"].values())
     assert toolcall.parse(f"Please do this: {values}", request.context).difficulty["level"] == hard["level"]
+    words = [v for c in easy["calls"] for v in c["arguments"].values() if isinstance(v, str) and len(v) >= 3]
+    words = [
+        w for w in words if w.lower() not in {str(v).lower() for c in hard["calls"] for v in c["arguments"].values()}
+    ]
+    assert words, easy  # the easy candidate names a city, a currency, a contact or a message of its own
+    mixed = toolcall.parse(f"Please do this: {values}, then {words[0]}", request.context)
+    assert mixed.reason.startswith("ambiguous: the request also carries"), mixed
     context = {"subject": "France", "relation": "capital", "answer": "Paris", "tier": 0}
     assert qa.parse("Is Paris the capital of France?", context).reason.startswith("leaks_answer")
     assert qa.parse("What is the capital city of Spain?", context).reason.startswith("missing_subject")
