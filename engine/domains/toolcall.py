@@ -3,7 +3,8 @@
 The domain fixes candidate calls (function and argument values, tools offered) at eight levels of
 difficulty (LEVELS); the simulator picks one of four candidates, one from each quarter of the range,
 and writes the user's request for it, and the parser finds the candidate whose every value the request
-carries, in the call's form or the spoken one (and refuses a request that spells out a call). Which
+carries, in the call's form or the spoken one (and refuses a request that spells out a call, or that also
+carries another candidate's words: it asks for two things and its reference is one of them). Which
 candidate the simulator picks is how it sets the difficulty. The agent answers with a
 Python-style call, `name(arg='value', ...)` (one per line for parallel requests), which the
 checker reads with `ast` (never eval) and scores with bfcl-eval's own AST checker, the one the BFCL
