@@ -36,8 +36,8 @@ MAX_WORKERS = 64  # worker processes of one kind: each loads its own model
 class RunConfig:
     domain: str = "toolcall"  # the domain where a measured CPU run shows learning (docs/RESULTS.md)
     mode: Mode = "genenv"
-    # 5 epochs of 8 tasks fit the 15 minutes on 2 cores in bf16 (docs/RESULTS.md, e20); 0: until stopped (async runs
-    # only; SIGTERM or Ctrl-C stops them cleanly)
+    # 5 epochs of 8 tasks fit the 15 minutes on 2 cores in bf16 (docs/RESULTS.md, e20 and e26); 0: until stopped
+    # (async runs only; SIGTERM or Ctrl-C stops them cleanly)
     epochs: int = 5
     tasks_per_epoch: int = 8  # simulator generations per epoch
     batch_size: int = 4  # tasks per curriculum batch (granularity "batch")

@@ -95,8 +95,8 @@ def release_free_heap() -> None:
     """Give the pages that a phase freed back to the OS, at the phase's end (glibc's malloc_trim; a no-op where the
     C library has none). glibc keeps freed memory for reuse, and the next phase allocates in other sizes (a bf16
     update's activations, then generation's caches), so what each phase left behind piled up: peak RSS rose from
-    5.3 to 7.1-7.3 GB over a default run's five epochs in bf16 (docs/RESULTS.md, "Time and memory"), and a bf16 update
-    of the 135M agent left 1.1-1.3 GB resident that malloc_trim gave back. Neither torch nor Python asks for it."""
+    5.3 to 7.05-7.65 GB over a default run's five epochs in bf16, and 5.74-5.95 GB with this (docs/RESULTS.md, runs
+    e21-e26). Neither torch nor Python asks for it; the async mode's worker processes do not yet."""
     trim = getattr(_LIBC, "malloc_trim", None)
     if trim is not None:
         trim(0)
