@@ -536,10 +536,11 @@ class CoEvolution:
         options=None,
         warm_start: bool = False,
         note: dict | None = None,
-        lap=lambda phase: None,
+        lap=lambda phase: release_free_heap(),
     ) -> int | None:
         """Train, publish the checkpoint, return its version; None (and why, in `note`) when there was nothing to
-        train on. lap(phase): the epoch's clock, told when the update and the new agent's validation end."""
+        train on. lap(phase): the epoch's clock, told when the update and the new agent's validation end (by default
+        only the freed heap given back, as every lap does)."""
         role = self.rollouts if kind == "agent" else self.simulator
         parent = role.version
         # The trainer loads its own fp32 copy of the parent: the role's copy would only add to the peak memory, and
@@ -555,7 +556,6 @@ class CoEvolution:
             if note is not None:
                 note[kind] = f"skipped: {exc}"
             return None
-        release_free_heap()  # the trainer's weights, gradients and AdamW moments (a warm start has no lap)
         lap(f"train_{kind}")
         if kind == "agent" and not warm_start:
             self.agent_steps += record.metrics.get("optimizer_steps", 0)
