@@ -436,16 +436,17 @@ class ToolCall:
         # easiest level (docs/RESULTS.md, "Why the early gain fades"). Numbers are left out: a small one turns up
         # by chance.
         own = {str(v).lower() for call in best["calls"] for v in call["arguments"].values()}
-        for spec in context["candidates"]:
-            for call in spec["calls"] if spec is not best else ():
-                for param, value in call["arguments"].items():
-                    if (
-                        isinstance(value, str)
-                        and len(value) >= 3
-                        and value.lower() not in own
-                        and carries(lowered, value)
-                    ):
-                        return Invalid(f"ambiguous: the request also carries {param}={value!r} of another task")
+        others = [
+            (param, value)
+            for spec in context["candidates"]
+            if spec is not best
+            for call in spec["calls"]
+            for param, value in call["arguments"].items()
+            if isinstance(value, str) and len(value) >= 3 and value.lower() not in own
+        ]
+        for param, value in others:
+            if carries(lowered, value):
+                return Invalid(f"ambiguous: the request also carries {param}={value!r} of another task")
         return self._task(text, best)
 
     def _task(self, text: str, spec: dict) -> Task:
