@@ -78,7 +78,7 @@ def test_a_random_model_constrained_by_the_request_grammar_writes_requests_that_
     backend = TransformersBackend(tiny.model, tiny.tokenizer, batch_size=7)
     # Short prompts: the tiny model's byte tokens make the real request prompt most of its 512 positions.
     prompts = [render_prompt(tiny.tokenizer, f"request {i}") for i in range(len(requests) + 1)]
-    # Room for a random model that fills every run of words of a three-call candidate (the grammar bounds them).
+    # Room for the longest form of a three-call candidate in the tiny model's byte tokens.
     sampling = SamplingConfig(max_new_tokens=420, temperature=1.0, seed=2)
     generations = backend.generate(prompts, sampling, grammars=[r.grammar for r in requests] + [""])
     parsed = [domain.parse(g.text, r.context) for g, r in zip(generations, requests)]

@@ -22,7 +22,7 @@ from demo_events import epoch_events, publish
 from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from lake import SCHEMAS, Lake, LeaseHeld, read_table, silver
+from lake import SCHEMAS, Lake, LeaseHeld, read_pool, read_table, silver
 from lake.lease import LEASES, Lease
 from streams import HeldOffsets
 from trainers import registry
@@ -324,7 +324,7 @@ def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
         "--seed",
         "4",
         "--epochs",
-        "3",
+        "2",  # killed when its first rollouts land: the resume still has most of the run to do
         *SEEDS_ONLY,
     )
     run = background.process
@@ -431,8 +431,11 @@ def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_run_without_an_epoch_limit_stops_cleanly_on_sigterm(tmp_path):
-    """seeds-only, so that every round has valid tasks to train on (the tiny simulator's are mostly invalid)."""
+def test_an_unbounded_async_run_never_trains_on_stale_rollouts_and_stops_cleanly_on_sigterm(tmp_path):
+    """A genenv-mode async run without an epoch limit (every role in its own process, the simulator trained too)
+    at agent.max_staleness 0, stopped by SIGTERM after its second GRPO update: it stops with its report and no
+    worker left, nothing is duplicated, and each update trained on exactly its fresh rows, recomputed from the
+    lake. (A run that completes its epochs is the resumed one of the dead-broker test.)"""
     root = tmp_path / "lake"
     background = Background(
         tmp_path,
@@ -443,10 +446,11 @@ def test_a_run_without_an_epoch_limit_stops_cleanly_on_sigterm(tmp_path):
         "--lake",
         str(root),
         "--seed",
-        "6",
+        "2",
         "--epochs",
         "0",
-        *SEEDS_ONLY,
+        "--set",
+        "agent.max_staleness=0",
     )
     run = background.process
     try:
@@ -476,6 +480,7 @@ def test_a_run_without_an_epoch_limit_stops_cleanly_on_sigterm(tmp_path):
     assert rollouts["rollout_id"].is_unique().all() and (rollouts.group_by("task_id").len()["len"] <= 4).all()
     assert of_run(read_table(lake, silver("reward")))["rollout_id"].is_unique().all()
     assert registry(lake, "agent")["version"].is_unique().all()
+    assert_trained_on_fresh_rows(lake)
 
     def on_this_lake(process) -> bool:
         try:
@@ -484,3 +489,22 @@ def test_a_run_without_an_epoch_limit_stops_cleanly_on_sigterm(tmp_path):
             return False
 
     assert not [p for p in psutil.process_iter() if on_this_lake(p)], "every worker stopped with the run"
+
+
+def assert_trained_on_fresh_rows(lake: Lake) -> None:
+    """Each GRPO update of the agent (max_staleness 0) trained on exactly the rows its parent sampled, and counted the
+    others as stale: recomputed from the pool at the update's version and at its parent's."""
+    checkpoints = registry(lake, "agent")
+    grpo = [row for row in checkpoints.iter_rows(named=True) if not json.loads(row["metrics_json"])["warm_start"]]
+    assert grpo, "the agent trainer made no GRPO update"
+    by_version = {row["version"]: row for row in checkpoints.iter_rows(named=True)}
+    for row in grpo:
+        parent = by_version[row["parent_version"]]
+        now = read_pool(lake, "d_train", row["pool_version"])
+        seen = read_pool(lake, "d_train", parent["pool_version"]).select("rollout_id")
+        new = now.join(seen, on="rollout_id", how="anti").filter(pl.col("run_id") == row["run_id"])
+        staleness = [row["parent_version"] - int(v) for v in new["agent_model_version"].to_list()]
+        metrics = json.loads(row["metrics_json"])
+        assert metrics["rows"] == sum(s == 0 for s in staleness), "trained on exactly the fresh rows"
+        assert metrics["rows_left_out"].get("stale", 0) == sum(s > 0 for s in staleness)
+        assert metrics["stale_rows"] == 0

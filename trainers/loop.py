@@ -149,10 +149,11 @@ def optimise(
     micro-batches. state: where the optimiser and its schedule start (a fresh AdamW at step 0 when None or
     empty); the optimiser's state at the end is left there."""
     params = [p for p in model.parameters() if p.requires_grad]
-    # On CUDA, torch's fused AdamW: one kernel, and no temporary the size of the moments (the default foreach
-    # step allocates one for sqrt(v): 4 bytes per trained weight, which is what took a 7B full fine-tune on one
-    # H200 out of memory in tests/gpu/check.py).
-    fused = bool(params) and all(p.is_cuda for p in params) or None
+    # torch's fused AdamW on CUDA and on the CPU: one kernel, and no temporary the size of the moments (the
+    # default foreach step on CUDA allocates one for sqrt(v): 4 bytes per trained weight, which is what took a 7B
+    # full fine-tune on one H200 out of memory in tests/gpu/check.py); on 2 CPU cores a step of the 135M agent
+    # takes 0.08 s fused against 0.33 s in the default per-tensor loop.
+    fused = bool(params) and all(p.device.type in ("cuda", "cpu") for p in params) or None
     optimiser = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay, fused=fused)
     state = state if state is not None else OptimizerState()
     if state.optimizer is not None:

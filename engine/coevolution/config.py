@@ -36,10 +36,11 @@ MAX_WORKERS = 64  # worker processes of one kind: each loads its own model
 class RunConfig:
     domain: str = "toolcall"  # the domain where a measured CPU run shows learning (docs/RESULTS.md)
     mode: Mode = "genenv"
-    # 5 epochs of 8 tasks fit the 15 minutes on 2 cores in bf16 (docs/RESULTS.md, e20 and e26); 0: until stopped
-    # (async runs only; SIGTERM or Ctrl-C stops them cleanly)
-    epochs: int = 5
-    tasks_per_epoch: int = 8  # simulator generations per epoch
+    # 4 epochs of 10 tasks fit the 15 minutes on 2 cores in bf16 with 64 agent steps (docs/RESULTS.md, e30); more
+    # tasks an epoch give more mixed groups to train on than more epochs of fewer. 0: until stopped (async runs
+    # only; SIGTERM or Ctrl-C stops them cleanly)
+    epochs: int = 4
+    tasks_per_epoch: int = 10  # valid tasks an epoch: the simulator writes until it has them (or its attempts end)
     batch_size: int = 4  # tasks per curriculum batch (granularity "batch")
     group_size: int = 8  # rollouts per task (G): with 8, most tasks the agent solves sometimes get a mixed group
     agent_model: str = "smollm2-135m"
@@ -61,8 +62,8 @@ class RunConfig:
     refill_rounds: int = 0
     validation_size: int = 200  # held-out tasks scored greedily (in batches) before training and after the last epoch
     # After the other epochs' updates, only the first validation_subset of them (stratified by level like the whole
-    # set: 5 per toolcall level for 40), with its interval in the report; 0 (or >= validation_size): the whole set.
-    validation_subset: int = 40
+    # set: 3 per toolcall level for 24), with its interval in the report; 0 (or >= validation_size): the whole set.
+    validation_subset: int = 24
     # After the last epoch: the agent on the first N items of BFCL's simple_python and of its multiple category
     # (bfcl-eval's data and checker, as `genenv eval` scores them), recorded in the lake's eval tables. 0: none.
     final_bfcl_items: int = 0
@@ -86,7 +87,7 @@ class RunConfig:
     max_model_len: int = 4096  # vLLM: the longest prompt and answer an engine serves (0: the model's whole context)
     rollout_workers: int = 1  # async: rollout worker processes (one consumer group shares the tasks)
     reward_workers: int = 1  # async: reward worker processes
-    # Task granularity: with 8 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
+    # Task granularity: with 10 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
     # G = 8 a task's p_hat is a multiple of 0.125, and k = 0.25 keeps those solved 2 to 6 times in 8.
     curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(granularity="task", k=0.25))
     # Four steps per mixed group (2 of its rollouts each, sharing their prompt), 2 passes, one AdamW carried across

@@ -2,11 +2,11 @@
 
 The domain fixes candidate calls (function and argument values, tools offered) at eight levels of
 difficulty (LEVELS); the simulator picks one of four candidates, one from each quarter of the range,
-and writes the user's request for it, and the parser finds the candidate whose every value the request
-carries, in the call's form or the spoken one (and refuses a request that spells out a call, or that also
-carries another candidate's words: it asks for two things and its reference is one of them). Which
-candidate the simulator picks is how it sets the difficulty. The agent answers with a
-Python-style call, `name(arg='value', ...)` (one per line for parallel requests), which the
+and writes the user's request for it in the form of the seed requests (`request_grammar`), and the parser
+finds the candidate whose every value the request carries, in the call's form or the spoken one (and
+refuses a request that spells out a call, or that also carries another candidate's words: it asks for two
+things and its reference is one of them). Which candidate the simulator picks is how it sets the difficulty.
+The agent answers with a Python-style call, `name(arg='value', ...)` (one per line for parallel requests), which the
 checker reads with `ast` (never eval) and scores with bfcl-eval's own AST checker, the one the BFCL
 benchmark uses (engine/domains/calls.py): the function name, every required parameter present, no
 unknown parameter, each value of the schema's type, strings compared after lower-casing and removing
@@ -27,6 +27,7 @@ import functools
 import itertools
 import json
 import random
+import string
 from pathlib import Path
 
 from .base import Invalid, SimulatorRequest, Task, Verdict, example_summary
@@ -313,53 +314,58 @@ def template_text(rng: random.Random, spec: dict) -> str:
     return f"{text.rstrip('.?')} ({', '.join(missing)})." if missing else text
 
 
-FREE_TEXT = 44  # characters of the simulator's own words in one run around or between calls (the grammar's bound)
-NEAR_TEXT = 16  # ... and between two values of one call (" to ", " people at ", " the message: ")
 MAX_REQUEST = 500  # characters: more than the longest request the grammar allows (three calls, seven values)
+DEFAULTS = {"unit": "celsius", "time": "19:00"}  # what a template states where the call leaves the argument out
 
 
 def request_grammar(candidates: list[dict]) -> str:
-    """The form every valid request has: one candidate's values (each as the call has it or in its spoken form),
-    call by call in the candidate's order, a call's values in any order, with the simulator's own words around them:
-    runs of at most FREE_TEXT (NEAR_TEXT between two values of one call) letters, digits, spaces and punctuation
-    that begin with a letter or "(" and hold no
-    underscore, so no function name and no spelled-out call (which the parser refuses). A value may be followed by
-    punctuation, and is set apart from the words after it by a space.
+    """The form every valid request has: one candidate's calls, in its order, each said with one of its function's
+    REQUEST_TEMPLATES, each value as the call has it or in its spoken form, and the values no chosen template
+    carries in a closing parenthesis ("What is the weather in Porto (unit fahrenheit)."), as `template_text`
+    writes the seeds. An EBNF grammar for xgrammar.
 
-    The requests the seeds teach (`template_text`) are in this form, except a multi-call one whose template leaves
-    a value of an early call to the parenthesis at its end (tests/test_engine.py): what the warm start taught the
-    simulator is what the grammar lets it write. A first grammar did not allow the templates' punctuation after a
-    value nor their longer phrases, and the simulator's requests under it were junk the agent could not read
-    (docs/RESULTS.md). Which candidate's values it writes is still the simulator's choice, and the bounded runs leave
-    room for every value within env_max_new_tokens. An EBNF grammar for xgrammar."""
+    Why templates and not free words around the values: with runs of any letters between the values (until run
+    e28 of docs/RESULTS.md), 55 of 59 invalid generations of a run were ambiguous, another candidate's currency,
+    city or name written among the simulator's words ("Convert 75 CHF to USD. Convert to GBP."), and such a
+    request asks for two things while its reference is one of them; with words from a fixed list (run e29) every
+    generation was valid but its words were salad the agent read as another call ("Book a table for 8 in Tunis.
+    Convert 21:15 to In Right."). In the templates' form a request can carry no other candidate's value and no
+    spelled-out call, every seed request is inside the grammar (what the warm start taught the simulator is what
+    it may write), and the simulator's choice is what the curriculum is about: which candidate, so which level."""
 
     def value(v) -> str:
         return "(" + " | ".join(json.dumps(form) for form in sorted({str(v), spoken(v)})) + ")"
 
-    def call(values: list) -> str:
-        orders = list(dict.fromkeys(itertools.permutations(values)))
-        return "(" + " | ".join(" near ".join(value(v) for v in order) for order in orders) + ")"
+    def said(call: dict, template: str) -> tuple[str, str, list[str]]:
+        """The call said with one template, its end punctuation apart, and the arguments it leaves out."""
+        body = template.rstrip(".?!")
+        pieces, named = [], []
+        for literal, name, _, _ in string.Formatter().parse(body):
+            pieces += [json.dumps(literal)] if literal else []
+            if name is not None:
+                named.append(name)
+                arguments = call["arguments"]
+                pieces.append(value(arguments[name]) if name in arguments else json.dumps(DEFAULTS[name]))
+        end = template[len(body) :] or "."
+        return " ".join(pieces), json.dumps(end), [k for k in call["arguments"] if k not in named]
 
-    rules = [
-        f"candidate{i} ::= opening "
-        + " gap ".join(call(list(c["arguments"].values())) for c in spec["calls"])
-        + " closing"
-        for i, spec in enumerate(candidates)
-    ]
-    words = f"[A-Za-z(] [A-Za-z0-9,.:;'?!() ]{{0,{FREE_TEXT - 1}}}"
-    few = f"[A-Za-z(] [A-Za-z0-9,.:;'?!() ]{{0,{NEAR_TEXT - 1}}}"  # between two values of one call
-    return "\n".join(
-        [
-            f"root ::= {' | '.join(f'candidate{i}' for i in range(len(candidates)))}",
-            *rules,
-            f"words ::= {words}",
-            'opening ::= (words " ")?',
-            f"few ::= {few}",
-            'gap ::= [,.:;?!)]{0,2} " " (words " ")?',
-            'near ::= [,.:;?!)]{0,2} " " (few " ")?',
-            'closing ::= [).?!]{0,2} | [,.:;]? " " words',
-        ]
-    )
+    rules = []
+    for i, spec in enumerate(candidates):
+        forms = []
+        for templates in itertools.product(*(REQUEST_TEMPLATES[c["name"]] for c in spec["calls"])):
+            parts = [said(call, t) for call, t in zip(spec["calls"], templates)]
+            left = [(call, k) for call, (_, _, out) in zip(spec["calls"], parts) for k in out]
+            # Each call with its end punctuation, but the last one's gives way to the parenthesis of what is left.
+            texts = [f"{text} {end}" for text, end, _ in parts[:-1]] + [
+                parts[-1][0] if left else " ".join(parts[-1][:2])
+            ]
+            form = ' " " '.join(texts)
+            if left:
+                inside = ' ", " '.join(f'"{k} " {value(call["arguments"][k])}' for call, k in left)
+                form += f' " (" {inside} ")."'
+            forms.append(form)
+        rules.append(f"candidate{i} ::= " + " | ".join(f"({form})" for form in forms))
+    return "\n".join([f"root ::= {' | '.join(f'candidate{i}' for i in range(len(candidates)))}", *rules])
 
 
 class ToolCall:
@@ -436,6 +442,13 @@ class ToolCall:
         # easiest level (docs/RESULTS.md, "Why the early gain fades"). Numbers are left out: a small one turns up
         # by chance.
         own = {str(v).lower() for call in best["calls"] for v in call["arguments"].values()}
+        # ... and the defaults of its calls' parameters, which a template may state ("right now, in celsius").
+        own |= {
+            str(spec["default"]).lower()
+            for call in best["calls"]
+            for spec in TOOLS[call["name"]]["parameters"]["properties"].values()
+            if "default" in spec
+        }
         others = [
             (param, value)
             for spec in context["candidates"]
