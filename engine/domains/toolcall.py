@@ -356,9 +356,8 @@ def request_grammar(candidates: list[dict]) -> str:
             parts = [said(call, t) for call, t in zip(spec["calls"], templates)]
             left = [(call, k) for call, (_, _, out) in zip(spec["calls"], parts) for k in out]
             # Each call with its end punctuation, but the last one's gives way to the parenthesis of what is left.
-            texts = [f"{text} {end}" for text, end, _ in parts[:-1]] + [
-                parts[-1][0] if left else " ".join(parts[-1][:2])
-            ]
+            *first, (last, last_end, _) = parts
+            texts = [f"{text} {end}" for text, end, _ in first] + [last if left else f"{last} {last_end}"]
             form = ' " " '.join(texts)
             if left:
                 inside = ' ", " '.join(f'"{k} " {value(call["arguments"][k])}' for call, k in left)
