@@ -34,6 +34,7 @@ from .checkpoints import (
     load_optimizer_state,
     manifest,
     publish_files,
+    registered,
     save_checkpoint,
 )
 from .loop import OptimizerState, Progress, merged
@@ -76,13 +77,22 @@ def ptx_rows(
     lake: Lake, kind: str, config, pool_version: int, run_id: str | None, warm_start: bool
 ) -> pl.DataFrame | None:
     """The rows of GRPO's ptx term (`GRPOConfig.ptx_coef`): the warm start's reference answers in d_train at
-    `pool_version` (the run's, when one is named), as `warm_start_rows` gives them; None when there is no such term."""
+    `pool_version` (run `run_id`'s, when one is named: `anchor_run`), as `warm_start_rows` gives them; None when
+    there is no such term."""
     if kind != "agent" or warm_start or not getattr(config, "ptx_coef", 0):
         return None
     rows = read_pool(lake, POOL_OF[kind], pool_version)
     if run_id is not None:
         rows = rows.filter(pl.col("run_id") == run_id)
     return warm_start_rows(kind, rows)
+
+
+def anchor_run(lake: Lake, kind: str, reference: int, run_id: str | None) -> str | None:
+    """The run whose seed rows are an update's ptx anchor: the one that made the warm start it descends from
+    (checkpoint `reference`, `reference_version`), whichever run the update is part of. An ablation's other modes
+    continue the first mode's warm start, and with their own run's rows they had no ptx term at all
+    (docs/RESULTS.md, the ablation of the e30 default). `run_id` without a warm start in the lineage."""
+    return registered(lake, kind, reference)["run_id"] if reference > 0 else run_id
 
 
 def train_update(
@@ -111,13 +121,13 @@ def train_update(
     parent = latest_version(lake, kind) if parent_version is None else parent_version
     base_model, seen_version = parent_lineage(lake, kind, parent, base_model, pool_version)
     selected, dropped = update_rows(lake, kind, config, parent, pool_version, seen_version, run_id, warm_start)
-    anchor = ptx_rows(lake, kind, config, pool_version, run_id, warm_start)
+    reference = reference_version(lake, kind, parent)
+    anchor = ptx_rows(lake, kind, config, pool_version, anchor_run(lake, kind, reference, run_id), warm_start)
     group, precision, fsdp = processes(config, precision)
 
     # The parent, verified against its sha256; where its optimiser stands; the KL term's reference.
     loaded = load_checkpoint(lake, kind, parent, base_model, master_weights(precision, config))
     state = starting_optimizer(lake, kind, parent, config, warm_start, fsdp)
-    reference = reference_version(lake, kind, parent)
     ref = reference_model(lake, kind, reference, base_model, config, precision)
     model, metrics, weights = fit(
         loaded, selected, dropped, config, ref, warm_start, progress, precision, group, state, anchor

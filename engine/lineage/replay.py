@@ -33,6 +33,7 @@ from trainers.checkpoints import checkpoint_dir, fetch_checkpoint, save_checkpoi
 from trainers.update import (
     POOL_OF,
     ROW_KEY,
+    anchor_run,
     config_from_manifest,
     fit,
     master_weights,
@@ -222,7 +223,9 @@ def _retrain(
         with phase(f"retraining {kind} v{c['version']} on {selected.height} rows") as tick:
             reference = lineage.get("reference_version", reference_version(lake, kind, plan.parent))
             ref = reference_model(lake, kind, reference, lineage["base_model"], config, precision)
-            anchor = ptx_rows(rebuilt, kind, config, version_then, run_id, warm_start)
+            anchor = ptx_rows(
+                rebuilt, kind, config, version_then, anchor_run(lake, kind, reference, run_id), warm_start
+            )
             model, _, _ = fit(
                 loaded, selected, dropped, config, ref, warm_start, tick, precision, state=state, anchor=anchor
             )
