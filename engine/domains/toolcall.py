@@ -106,6 +106,13 @@ TOOLS = {
     ),
     "get_time": _tool("get_time", "Local time in a city.", {"city": {"type": "string"}}, ["city"]),
 }
+# A parameter's default (TOOLS' schemas): what a template states where the call leaves the argument out.
+DEFAULTS = {
+    name: spec["default"]
+    for tool in TOOLS.values()
+    for name, spec in tool["parameters"]["properties"].items()
+    if "default" in spec
+}
 REQUEST_TEMPLATES = {
     "get_weather": ("What is the weather in {city}?", "How warm is it in {city} right now, in {unit}?"),
     "convert_currency": ("Convert {amount} {from_currency} to {to_currency}.",),
@@ -305,7 +312,7 @@ def template_text(rng: random.Random, spec: dict) -> str:
     say = spoken if spec.get("spoken") else str
     texts = []
     for call in spec["calls"]:
-        values = {k: say(v) for k, v in {"unit": "celsius", "time": "19:00", **call["arguments"]}.items()}
+        values = {k: say(v) for k, v in {**DEFAULTS, **call["arguments"]}.items()}
         texts.append(rng.choice(REQUEST_TEMPLATES[call["name"]]).format(**values))
     text = " ".join(t if t[-1] in ".?!" else t + "." for t in texts)
     missing = [
@@ -315,7 +322,6 @@ def template_text(rng: random.Random, spec: dict) -> str:
 
 
 MAX_REQUEST = 500  # characters: more than the longest request the grammar allows (three calls, seven values)
-DEFAULTS = {"unit": "celsius", "time": "19:00"}  # what a template states where the call leaves the argument out
 
 
 def request_grammar(candidates: list[dict]) -> str:
