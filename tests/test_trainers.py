@@ -18,6 +18,7 @@ from engine.coevolution import publish_checkpoint
 from lake import Lake, ingest, read_pool
 from streams import BatchScored, EventProducer, RewardScored, RolloutCompleted, TaskGenerated
 from trainers import (
+    CPU,
     CheckpointError,
     GRPOConfig,
     GRPOTrainer,
@@ -178,6 +179,44 @@ def test_the_ptx_term_trains_the_warm_start_answers_beside_grpo():
         nll[coef] = (before, answer_nll(agent, anchor))
     assert nll[0.0][0] == nll[1.0][0]  # the same start
     assert nll[1.0][1] < 0.5 * nll[1.0][0] and nll[1.0][1] < nll[0.0][1], nll
+
+
+@pytest.mark.unit
+def test_the_warm_start_is_trls_sft_on_the_completion_tokens_only_and_is_deterministic():
+    """The seed warm start trains through TRL's SFTTrainer (trainers/sft.py) on ids tokenized as every other part
+    of genenv does (the prompt's ids, then the text with end-of-sequence); only the completion is learnt, and the
+    same rows, options and seed give the same weights bit for bit (a replay of epoch 0 retrains it)."""
+    from trainers.batching import supervised_ids
+    from trainers.sft import completion_rows, train_sft
+
+    rows_of = lambda tok: pl.DataFrame(  # noqa: E731
+        {"prompt": [render_prompt(tok, f"recite {i}") for i in range(6)], "text": ["abc", "def", "ghi"] * 2}
+    )
+    options = RWRConfig(
+        learning_rate=3e-3,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        kl_coef=0.0,
+        num_train_epochs=8,
+        seed=3,
+    )
+    trained, ticks = [], []
+    for _ in range(2):
+        agent = load_model("tiny", seed=0)
+        rows = rows_of(agent.tokenizer)
+        data = completion_rows(agent.tokenizer, rows)
+        prompts, texts = supervised_ids(agent.tokenizer, rows["prompt"].to_list(), rows["text"].to_list())
+        assert data["input_ids"][0] == prompts[0] + texts[0] and texts[0][-1] == agent.tokenizer.eos_token_id
+        assert data["completion_mask"][0] == [0] * len(prompts[0]) + [1] * len(texts[0])
+        before = answer_nll(agent, rows)
+        metrics = train_sft(agent.model, agent.tokenizer, rows, options, CPU, lambda done, total: ticks.append(total))
+        assert answer_nll(agent, rows) < 0.5 * before
+        assert agent.model.config.use_cache  # as it was: SFTTrainer turns it off, and the checkpoint would keep that
+        # 6 rows in micro-batches of 2, accumulated 2 a step: 2 steps a pass, 8 passes.
+        assert metrics["optimizer_steps"] == 16 and metrics["trainer"] == "trl.SFTTrainer" and metrics["rows"] == 6
+        trained.append({k: v.clone() for k, v in agent.model.state_dict().items()})
+    assert ticks[-1] == 16
+    assert all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
 
 
 @pytest.mark.unit

@@ -9,8 +9,9 @@ trained on and the weight alone tilts the simulator towards the band: the textbo
 reward-tilted policy, which at CPU scale (8-16 tasks an epoch, 10-20% of them in band) has rows where the filtered
 one has 0-3. TRL has no per-sample-weighted SFT, so this loop is ours; the loss is trainers/losses.py's rwr_loss.
 
-The trainer reads rows of (prompt, text, env_reward). With equal rewards and kl_coef 0 it is plain
-supervised fine-tuning, which is how the seed warm-start trains both models (trainers/update.py).
+The trainer reads rows of (prompt, text, env_reward). With equal rewards and kl_coef 0 it would be plain
+supervised fine-tuning; the seed warm start is that, and takes TRL's SFTTrainer instead (trainers/sft.py), with
+an RWRConfig's options (recorded in its lineage as every update's).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
     agent: gold/d_train --GRPO--> checkpoints/agent/v<n>
     env:   gold/d_env   --RWR-->  checkpoints/env/v<n>
+    a warm start: either pool's seed rows --SFT (TRL's SFTTrainer, trainers/sft.py)--> the next version
 
 An update trains the parent (default: the newest registered version; version 0 is the base model)
 on the pool rows at `pool_version` that the parent has not seen: those absent from the pool at the
@@ -39,6 +40,7 @@ from .checkpoints import (
 )
 from .loop import OptimizerState, Progress, merged
 from .models import CPU, LoadedModel, Precision
+from .sft import train_sft
 
 POOL_OF = {"agent": "d_train", "env": "d_env"}
 SEED_VERSION = "seed"  # the model version stamped on seed tasks and reference answers (the warm-start data)
@@ -109,7 +111,8 @@ def train_update(
     progress: Progress | None = None,
 ) -> CheckpointRecord:
     """One update (see the module's docstring). warm_start: supervised fine-tuning on the pool's seed rows
-    (the version "seed"), with an RWRConfig whose rewards are all equal, instead of GRPO / RWR.
+    (the version "seed") through TRL's SFTTrainer (trainers/sft.py), with an RWRConfig's options, instead of GRPO /
+    RWR.
     run_id: train on that run's rows only (the engine's runs share a lake). precision: the device, and the dtype
     the update computes in (recorded in the lineage, so a replay uses it too); the checkpoint holds fp32 weights.
     The optimiser continues the parent update's (optimizer.pt beside the parent: trainers/checkpoints.py); see
@@ -324,31 +327,42 @@ def fit(
         return torch.autocast(device_type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
 
     torch.manual_seed(config.seed)
+    state = state if state is not None else OptimizerState()
+    continued = state.optimizer is not None
+    if warm_start:  # supervised fine-tuning: TRL's SFTTrainer (trainers/sft.py), in one process
+        if group is not None:
+            raise TrainError("a warm start trains in one process; run it without --num-processes")
+        metrics = train_sft(loaded.model, loaded.tokenizer, selected, config, precision, progress)
+        return merged(loaded.model.float()), _finished(metrics, dropped, warm_start, continued), None
     if isinstance(config, grpo.GRPOConfig):
         trainer = grpo.GRPOTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group, anchor=anchor)
     else:
         trainer = rwr.RWRTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group)
-    state = state if state is not None else OptimizerState()
-    continued = state.optimizer is not None
     metrics = trainer.train(selected, progress, state)
-    metrics["optimizer"] = (
-        f"continued at step {metrics['lineage_steps'] - metrics['optimizer_steps']}" if continued else "fresh"
-    )
     tail = (
         distributed.left_out(selected.height, config.per_device_train_batch_size, group.num_processes) if group else 0
     )
     if tail:
         dropped["uneven_tail"] += tail
-    metrics["rows_left_out"] = dict(dropped)
-    metrics["warm_start"] = warm_start
+    metrics = _finished(metrics, dropped, warm_start, continued)
     # The checkpoint of record is what was trained, in fp32: a bf16 file rounds away every change smaller than half
     # its spacing (most of a small update's), and the next update would start from the rounded model. LoRA: the
     # frozen base is cast up (exactly) before the adapters are merged, so their product is not rounded either.
     if group is None or getattr(config, "use_peft", False):  # LoRA: each rank holds the whole model to merge into
-        return merged(trainer.model.float()), _plain(metrics), None
+        return merged(trainer.model.float()), metrics, None
     # Every rank takes part in the gather (under FSDP each holds a shard); rank 0 receives the whole weights.
     weights = {name: tensor.float() for name, tensor in group.get_state_dict(trainer.model).items()}
-    return group.unwrap_model(trainer.model).float(), _plain(metrics), weights
+    return group.unwrap_model(trainer.model).float(), metrics, weights
+
+
+def _finished(metrics: dict, dropped: Counter, warm_start: bool, continued: bool) -> dict:
+    """An update's metrics as its lineage records them: where its optimiser started, the rows left out and why."""
+    metrics["optimizer"] = (
+        f"continued at step {metrics['lineage_steps'] - metrics['optimizer_steps']}" if continued else "fresh"
+    )
+    metrics["rows_left_out"] = dict(dropped)
+    metrics["warm_start"] = warm_start
+    return _plain(metrics)
 
 
 def config_from_manifest(kind: str, lineage: dict):
