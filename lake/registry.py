@@ -36,6 +36,12 @@ def checkpoint_path(kind: str, version: int) -> str:
     return f"{CHECKPOINTS_DIR}/{kind}/v{version}"
 
 
+def claim_path(kind: str, version: int) -> str:
+    """The file that reserves a checkpoint version for one update (trainers/checkpoints.py `reserve_version`),
+    relative to the lake root: apart from the checkpoint folders, which hold only versions."""
+    return f"{CHECKPOINTS_DIR}/.claims/{kind}/v{version}"
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -148,6 +148,26 @@ class LakeFiles:
         except Exception as exc:  # noqa: BLE001
             raise StorageError(f"cannot write {self.root}/{relative}: {first_line(exc)}") from None
 
+    def claim(self, relative: str, text: str) -> bool:
+        """Create the file holding `text` if no one has: True for the one caller that did, False for every other
+        (an exclusive create on a local lake, a conditional put, If-None-Match, on a store)."""
+        if not self.remote:
+            path = self.local(relative)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with open(path, "x") as out:
+                    out.write(text)
+            except FileExistsError:
+                return False
+            return True
+        try:
+            obstore.put(self._store, relative, text.encode(), mode="create")
+        except AlreadyExistsError:
+            return False
+        except Exception as exc:  # noqa: BLE001
+            raise StorageError(f"cannot write {self.root}/{relative}: {first_line(exc)}") from None
+        return True
+
     def check_writable(self) -> None:
         """StorageError (one line) unless files can be written and deleted under the root (checked before any
         training, so a read-only bucket stops a run before its first checkpoint is lost)."""

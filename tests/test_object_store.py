@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import boto3
 import pytest
@@ -13,6 +14,7 @@ from conftest import free_port, genenv_cli, genenv_inline, http_server
 from safetensors import safe_open
 
 from lake import Lake, LakeError, LakeFiles, read_table, silver
+from trainers.checkpoints import reserve_version
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +149,22 @@ def test_a_run_config_in_the_bucket_is_written_once(s3, monkeypatch):
     files.write_text_once("runs/r.toml", "second")  # a later worker of the same run: the first writer won
     assert files.read_text("runs/r.toml") == "first"
     assert files.read_text("runs/none.toml") is None
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("remote", [False, True])
+def test_concurrent_updates_reserve_distinct_checkpoint_versions(s3, tmp_path, monkeypatch, remote):
+    """Updates of two runs (or workers) on one lake at once each reserve their own version (a claim created only
+    if absent: a conditional put on a bucket, an exclusive create on disk), above what the registry holds, so no
+    update writes into another's folder; an update that found a number taken goes on to the next."""
+    env, _ = s3
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    lake = Lake(f"s3://lake/claims-{tmp_path.name}" if remote else tmp_path / "lake")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        versions = list(pool.map(lambda i: reserve_version(lake, "agent", 3, f"run {i}"), range(8)))
+    assert sorted(versions) == list(range(4, 12))
+    assert reserve_version(lake, "env", 0, "run 0") == 1 and reserve_version(lake, "env", 0, "run 1") == 2
 
 
 def fetched_digest(root: str, env: dict, relative: str, cache: str) -> str:

@@ -40,6 +40,7 @@ from lake import (
     Lake,
     StorageError,
     checkpoint_path,
+    claim_path,
     file_sha256,
     read_table,
     weights_refusal,
@@ -164,6 +165,18 @@ def latest_version(lake: Lake, kind: str) -> int:
     """The newest registered version of a kind; 0 (the base model) when none is registered."""
     versions = registry(lake, kind)["version"]
     return int(versions.max()) if len(versions) else 0
+
+
+def reserve_version(lake: Lake, kind: str, after: int, owner: str) -> int:
+    """The first checkpoint version of `kind` above `after` that no other update has claimed, claimed for `owner`
+    (lake/registry.py `claim_path`, a file created only if absent: lake/storage.py `claim`).
+    Two runs or workers training one kind on one lake at once so never take one number, where the newest
+    registered version + 1 gave both the same folder and one update overwrote the other's. A claim whose update
+    died leaves a gap in the numbers, never a reused one."""
+    version = after + 1
+    while not lake.files.claim(claim_path(kind, version), owner):
+        version += 1
+    return version
 
 
 def registered(lake: Lake, kind: str, version: int) -> dict:

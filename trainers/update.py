@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
+import time
 from collections import Counter
 from dataclasses import asdict
 
@@ -36,6 +39,7 @@ from .checkpoints import (
     manifest,
     publish_files,
     registered,
+    reserve_version,
     save_checkpoint,
 )
 from .loop import OptimizerState, Progress, merged
@@ -137,11 +141,14 @@ def train_update(
     )
 
     # The child: the next version, saved whole with its lineage and optimiser state, its files published.
-    version = max(parent, latest_version(lake, kind)) + 1
+    version = 0
+    if group is None or group.is_main_process:
+        owner = json.dumps({"run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(), "at": time.time()})
+        version = reserve_version(lake, kind, max(parent, latest_version(lake, kind)), owner)
     if group is not None:
         from accelerate.utils import broadcast_object_list
 
-        version = broadcast_object_list([version])[0]  # rank 0's answer, should the registry move meanwhile
+        version = broadcast_object_list([version])[0]  # the version rank 0 reserved
         metrics["processes"] = group.num_processes
     record = CheckpointRecord(
         model_kind=kind,
