@@ -195,6 +195,8 @@ def test_the_gpu_check_runs_on_the_cpu_with_a_small_config():
         env={**os.environ, "PYTHON": sys.executable},
     )
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
-    (line,) = result.stdout.strip().splitlines()
-    report = json.loads(line)
+    report, async_memory, ddp, tensor_parallel = map(json.loads, result.stdout.strip().splitlines())
     assert report["ok"] and report["groups_with_distinct_samples"] == "4/4" and report["weights_moved"]
+    assert async_memory["ok"] and len(async_memory["copies"]) == 4  # two rollout workers, validation, simulator
+    assert ddp["ok"] and ddp["device"] == "cpu"  # two gloo ranks
+    assert tensor_parallel["skipped"]  # no vLLM here

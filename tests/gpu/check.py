@@ -18,6 +18,19 @@ package's __init__, which pulls in the lake. For each model it:
        forward plus backward time of the shared-prefix layout against the packed one (8 prompts of 100 tokens,
        G = 4, 12-token completions).
 
+Then, once:
+
+    5. the async mode's memory: every model `genenv run --async` holds on one device at once (two rollout
+       workers', the agent trainer's validation and the simulator's generation copies, and both updates with
+       their AdamW state), built and stepped in this process; its peak beside `genenv plan --async`'s figure
+       for the same models and options (less the CUDA contexts, which are not allocations);
+    6. DDP with gradient checkpointing on two ranks (NCCL on two GPUs; gloo with --device cpu; skipped on one
+       GPU): one step of 4 accumulated micro-batches all-reduces once, on the last, and the loss sees the
+       checkpointing through DDP's wrapper;
+    7. tensor parallel 2 with vLLM (two GPUs and vLLM installed; skipped otherwise): a checkpoint's weights
+       loaded into both workers in place (collective_rpc) change what the engine generates to what the
+       checkpoint's model generates.
+
 Exit 0 when every check holds; one JSON line per model on stdout.
 """
 
@@ -44,7 +57,7 @@ def trainers_modules():
     sys.modules["gtrainers"] = package
     return {
         name: importlib.import_module(f"gtrainers.{name}")
-        for name in ("models", "generation", "batching", "losses", "loop", "plan")
+        for name in ("models", "generation", "batching", "losses", "loop", "plan", "distributed")
     }
 
 
@@ -316,6 +329,164 @@ def checkpoint_round_trip(model, before: dict, loop) -> tuple[bool, float]:
     return kept, round(lost / max(changed, 1), 4)
 
 
+def async_memory(name: str, device: str, dtype: torch.dtype, m, rollout_workers: int = 2) -> dict:
+    """Check 5: what the async mode holds on one device at once, measured, beside trainers/plan.py's estimate of it
+    for the same architecture and options (the estimate must not be below the measurement: a plan that
+    undercounts lets a run start that then runs out of memory)."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    plan, loop, batching = m["plan"], m["loop"], m["batching"]
+    config = Qwen2Config(**CONFIGS[name], max_position_embeddings=1024, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    options = loop.OptimConfig(learning_rate=1e-5, per_device_train_batch_size=2)
+    completion = 64
+    with tempfile.TemporaryDirectory() as folder:
+        config.to_json_file(f"{folder}/config.json")
+        run = SimpleNamespace(  # the RunConfig fields plan_run reads (the engine, and with it Kafka, is not here)
+            dtype="bf16" if dtype == torch.bfloat16 else "fp32",
+            agent_model=folder,
+            env_model=folder,
+            agent=options,
+            env=options,
+            agent_max_new_tokens=completion,
+            env_max_new_tokens=completion,
+            mode="genenv",
+            backend="transformers",
+            rollout_workers=rollout_workers,
+            gpu_memory_utilization=0.0,
+        )
+        estimate = plan.plan_run(run, devices=1, memory_gib=1024, device=device, asynchronous=True)
+    if device == "cuda":
+        sync(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+    held = []
+    with torch.device(device):
+        for _ in estimate.generation:  # each generation copy in the compute dtype
+            held.append(Qwen2ForCausalLM(config).to(dtype))
+        draw = torch.Generator().manual_seed(3)
+        rows = options.per_device_train_batch_size
+        prompts = [torch.randint(3, config.vocab_size, (plan.PROMPT_TOKENS,), generator=draw).tolist()] * rows
+        completions = [torch.randint(3, config.vocab_size, (completion,), generator=draw).tolist()] * rows
+        tokens = batching.pack(prompts, completions, 0)
+        for _ in estimate.updates:  # both updates at once: fp32 master weights, their gradients and AdamW moments
+            trainer = Qwen2ForCausalLM(config).float()
+            state = loop.OptimizerState()
+
+            def nll(_, net):
+                with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+                    logps = batching.completion_logps(net, tokens)
+                return -(logps * tokens.completion_mask.to(logps.device)).sum() / tokens.completion_mask.sum(), {}
+
+            loop.optimise(trainer, [None], nll, options, state=state)
+            held.append((trainer, state))  # kept: the next update runs beside this one's weights and moments
+    measured = torch.cuda.max_memory_allocated() - start if device == "cuda" else None
+    planned = estimate.peak - estimate.processes * plan.CUDA_CONTEXT
+    return {
+        "check": "async_memory",
+        "model": name,
+        "device": device,
+        "copies": list(estimate.generation),
+        "plan_gib": round(planned / 2**30, 2),
+        "measured_gib": round(measured / 2**30, 2) if measured is not None else None,
+        "ok": measured is None or measured <= planned,
+    }
+
+
+def ddp_rank(rank: int, device: str, port: int, out: str) -> None:
+    """One of check 6's two ranks (see tests/test_distributed.py for the same on gloo with a tiny model)."""
+    import os
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)
+    )
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    m = trainers_modules()
+    group = m["distributed"].accelerator(cpu=device == "cpu")
+    config = Qwen2Config(**CONFIGS["small"], max_position_embeddings=256, pad_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).to(group.device)
+    options = m["loop"].OptimConfig(learning_rate=1e-3, gradient_accumulation_steps=4, gradient_checkpointing=True)
+    torch.manual_seed(rank)
+    micro_batches = [torch.randint(3, config.vocab_size, (2, 12)).to(group.device) for _ in range(4)]
+    calls, reduced, saw_checkpointing = [], [], []
+
+    def counted(state, bucket):
+        reduced.append(len(calls) - 1)  # in the backward of the last micro-batch computed
+        return allreduce_hook(state, bucket)
+
+    def loss_of(batch, wrapper):
+        if not calls:
+            wrapper.register_comm_hook(None, counted)
+        calls.append(batch)
+        saw_checkpointing.append(m["batching"].checkpointed(wrapper))
+        return wrapper(input_ids=batch, labels=batch).loss, {}
+
+    metrics = m["loop"].optimise(model, micro_batches, loss_of, options, accelerator=group)
+    result = {
+        "reduced_in": sorted(set(reduced)),
+        "checkpointed": saw_checkpointing,
+        "steps": metrics["optimizer_steps"],
+    }
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    group.end_training()
+
+
+def ddp_checkpointing(device: str) -> dict:
+    """Check 6: two ranks, each one step of 4 accumulated micro-batches of a gradient-checkpointed model."""
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        return {"check": "ddp_checkpointing", "skipped": "needs two GPUs", "ok": True}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(ddp_rank, args=(device, port, out), nprocs=2)
+        ranks = [json.loads(Path(out, f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    expected = {"reduced_in": [3], "checkpointed": [True] * 4, "steps": 1}
+    return {"check": "ddp_checkpointing", "device": device, "ranks": ranks, "ok": all(r == expected for r in ranks)}
+
+
+def tensor_parallel_reload(m) -> dict:
+    """Check 7: a vLLM engine with tensor_parallel_size 2 takes a checkpoint's weights in place in both workers: it
+    then generates what an engine built from that checkpoint generates (greedy, the same kernels), not what it
+    generated before."""
+    import importlib.util
+    import tempfile
+
+    if importlib.util.find_spec("vllm") is None or torch.cuda.device_count() < 2:
+        return {"check": "tensor_parallel_reload", "skipped": "needs vLLM and two GPUs", "ok": True}
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    gen = m["generation"]
+    config = Qwen2Config(**CONFIGS["small"], max_position_embeddings=256, pad_token_id=0, eos_token_id=1)
+    sampling = gen.SamplingConfig(max_new_tokens=8, temperature=0.0, seed=0)
+    prompt = "the random model's prompt"
+    with tempfile.TemporaryDirectory() as first, tempfile.TemporaryDirectory() as second:
+        for seed, folder in ((0, first), (1, second)):
+            torch.manual_seed(seed)
+            Qwen2ForCausalLM(config).save_pretrained(folder)
+            m["models"].tiny_tokenizer().save_pretrained(folder)  # byte-level: its ids are below the vocabulary
+        engine = gen.VLLMBackend(first, tensor_parallel_size=2, gpu_memory_utilization=0.2, max_model_len=256)
+        before = engine.generate([prompt], sampling)[0].token_ids
+        engine.load_weights(second)
+        reloaded = engine.generate([prompt], sampling)[0].token_ids
+        engine.close()
+        fresh = gen.VLLMBackend(second, tensor_parallel_size=2, gpu_memory_utilization=0.2, max_model_len=256)
+        expected = fresh.generate([prompt], sampling)[0].token_ids
+        fresh.close()
+    return {"check": "tensor_parallel_reload", "ok": reloaded == expected and reloaded != before}
+
+
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -342,12 +513,18 @@ def main() -> int:
         for name in names:
             layout_sweep(name, args.device, dtype, modules)
         return 0
-    ok = True
-    for name in names:
-        result = check_model(name, args.device, dtype, modules)
+    results = [check_model(name, args.device, dtype, modules) for name in names]
+    for result in results:
         print(json.dumps(result), flush=True)
-        ok &= result["ok"]
-    return 0 if ok else 1
+    checks = (
+        lambda: async_memory(names[0], args.device, dtype, modules),
+        lambda: ddp_checkpointing(args.device),
+        lambda: tensor_parallel_reload(modules),
+    )
+    for check in checks:
+        results.append(check())
+        print(json.dumps(results[-1]), flush=True)
+    return 0 if all(result["ok"] for result in results) else 1
 
 
 if __name__ == "__main__":
