@@ -18,6 +18,9 @@ Invariants (the kafka-delta-ingest way, extended to the derived tables):
    the watermark are refined again, before anything new is read from Kafka. A
    step is therefore visible in full or not at all.
 4. The refine state is derived from the tables at that point (RefineState.load).
+5. Every `compact_every` steps the tables grown past many small files are compacted (lake/maintenance.py), and
+   the derived tables' new versions are named by a commit record of their own (a "maintenance" row), so 3 keeps
+   them.
 
 So every record Kafka offers lands once in bronze and once in exactly one of
 silver/<kind> or silver/quarantine (or, a second copy of an event that landed with
@@ -49,6 +52,7 @@ from streams.events import EVENT_TYPES, TOPICS, content_digest, decode, field_ty
 from streams.kafka import ALL_TOPICS, assigned_consumer, cluster_id, ensure_topics, partitions_of
 
 from .lease import LEASES, TTL_S, Lease
+from .maintenance import COMPACT_FILES, compact
 from .refine import RawRecord, RefineOutput, Refiner, RefineState, Watermark, bronze_record, refined
 from .tables import BRONZE_SCHEMA, DERIVED_TABLES, SCHEMAS, VALIDATIONS, Lake, LakeError, bronze, silver
 
@@ -71,6 +75,10 @@ class IngestConfig:
     partitions: int = 3  # partitions per topic when the ingestor creates the topics
     topics: tuple[str, ...] = ALL_TOPICS
     lease_ttl_s: float = TTL_S  # a dead ingestor's lease on the lake lapses after this long (lake/lease.py)
+    # After this many refine steps, compact the tables whose newest version reads more than `compact_files` files
+    # (lake/maintenance.py): reads then stay flat as a long run's history grows. 0: never.
+    compact_every: int = 100
+    compact_files: int = COMPACT_FILES
 
 
 @dataclass
@@ -176,6 +184,7 @@ class Ingestor:
         self.refiner: Refiner | None = None
         self.record: CommitRecord | None = None
         self.lease: Lease | None = None
+        self.steps_since_compaction = 0
 
     # -- start ----------------------------------------------------------------------------------
     def start(self) -> Ingestor:
@@ -288,6 +297,30 @@ class Ingestor:
             self.write_bronze(batch)
         self._verify_checkpoints(batch)
         self._refine_and_commit(batch)
+        self.steps_since_compaction += 1
+        if self.config.compact_every and self.steps_since_compaction >= self.config.compact_every:
+            self.maintain()
+
+    def maintain(self) -> None:
+        """Compact the tables grown past `compact_files` files, with the lease kept alive meanwhile, and name the
+        derived tables' compacted versions in a commit record: a step of its own, whose silver/validations row
+        (kind "maintenance", suite "compact") counts the files each table had and has."""
+        self.steps_since_compaction = 0
+        tables = [bronze(topic) for topic in self.config.topics] + list(DERIVED_TABLES)
+        alive = self.lease.kept_alive() if self.lease is not None else contextlib.nullcontext()
+        with alive, self.stats.timed("compact"):
+            done = compact(self.lake, tables, self.config.compact_files)
+        derived = {name: d for name, d in done.items() if name in DERIVED_TABLES}
+        if not derived:
+            return
+        seq = self.record.seq + 1
+        versions = {**self.record.versions, **{name: d["version"] for name, d in derived.items()}}
+        out = RefineOutput()
+        removed = sum(d["files_removed"] for d in done.values())
+        added = sum(d["files_added"] for d in done.values())
+        counts = {name: [d["files_removed"], d["files_added"]] for name, d in done.items()}
+        out.add(VALIDATIONS, Refiner.maintenance_row(seq, removed, added, counts, time.time()))
+        self._commit(out, CommitRecord(seq, self.record.watermark, versions))
 
     def _verify_checkpoints(self, batch: list[RawRecord]) -> None:
         """Hash the weights of the batch's CheckpointPublished events before the refine step, with the lease kept

@@ -334,6 +334,18 @@ class Lake:
     def version(self, name: str) -> int:
         return self.delta(name).version()
 
+    def compact(self, name: str) -> tuple[int, int, int]:
+        """Rewrite the table's small files at its newest version into a few large ones (delta-rs' optimize.compact,
+        the same rows as a new version); (the new version, files removed, files added)."""
+        self._writers.pop(name, None)  # the next append opens the table at the compacted version
+        table = self.delta(name)
+        metrics = table.optimize.compact()
+        return table.version(), int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"])
+
+    def data_files(self, name: str) -> int:
+        """How many data files the table's newest version reads."""
+        return len(self.delta(name).file_uris())
+
     def restore(self, name: str, version: int) -> None:
         self._writers.pop(name, None)
         self.delta(name).restore(version)

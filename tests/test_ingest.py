@@ -40,6 +40,7 @@ from lake import (
     silver,
     versions,
 )
+from lake.rebuild import record_at
 from lake.tables import SCHEMAS, bronze
 from streams import (
     ALL_TOPICS,
@@ -329,7 +330,11 @@ def test_time_travel_a_pool_version_never_changes(broker, lake, runner):
 
 
 @pytest.mark.integration
-def test_replay_from_offset_zero_rebuilds_identical_silver_and_gold(broker, lake, runner, tmp_path):
+def test_replay_from_offset_zero_rebuilds_identical_silver_and_gold_also_when_compacted(broker, lake, runner, tmp_path):
+    """A second lake ingests the same log in steps of 7 records, compacting every 3 steps the tables past 2 files
+    (lake/maintenance.py): every table holds the same rows as the first lake's, each compacted version is named by
+    a commit record (so a restart keeps it and replay finds it), earlier versions still read as they did, and
+    the Kafka offsets survive compaction (ingesting again lands nothing)."""
     publish(broker.bootstrap, epoch_events(epoch=0, tasks=6, group=3))
     run_ingest(lake, broker, runner)
     publish(broker.bootstrap, epoch_events(epoch=1, tasks=6, group=3))
@@ -337,7 +342,15 @@ def test_replay_from_offset_zero_rebuilds_identical_silver_and_gold(broker, lake
         producer.send_raw("genenv.batches", b"garbage")
     run_ingest(lake, broker, runner)
     fresh = Lake(tmp_path / "replayed")
-    run_ingest(fresh, broker, runner, config=IngestConfig(max_batch_records=7, max_batch_ms=100, max_wait_s=2.0))
+    steps = IngestConfig(max_batch_records=7, max_batch_ms=100, max_wait_s=2.0, compact_every=3, compact_files=2)
+    first_pool = None
+
+    def remember_the_first_pool(stats):
+        nonlocal first_pool
+        if first_pool is None and fresh.version(D_TRAIN) > 0:
+            first_pool = (fresh.version(D_TRAIN), read_pool(fresh, "d_train", fresh.version(D_TRAIN)))
+
+    ingest(fresh, broker.bootstrap, steps, idle_exit_s=1.5, runner=runner, on_step=remember_the_first_pool)
     for table in [silver(k) for k in ("task", "rollout", "reward", "batch", "checkpoint")] + [
         QUARANTINE,
         D_TRAIN,
@@ -346,6 +359,21 @@ def test_replay_from_offset_zero_rebuilds_identical_silver_and_gold(broker, lake
         original, replayed = comparable(read_table(lake, table)), comparable(read_table(fresh, table))
         assert original.height > 0 or table.endswith("checkpoint")
         assert original.equals(replayed), table
+
+    maintenance = read_table(fresh, VALIDATIONS).filter(pl.col("kind") == "maintenance")
+    assert maintenance.height >= 2 and (maintenance["rows"] > maintenance["passed"]).all()
+    compacted = [h["version"] for h in fresh.delta(D_TRAIN).history() if h.get("operation") == "OPTIMIZE"]
+    assert compacted and all(record_at(fresh, D_TRAIN, v).versions[D_TRAIN] == v for v in compacted)
+    appends = [h for h in fresh.delta(D_TRAIN).history() if h.get("operation") == "WRITE"]
+    assert fresh.data_files(D_TRAIN) < len(appends)  # without compaction: a file per append
+    version, rows = first_pool
+    assert read_pool(fresh, "d_train", version).equals(rows)  # its files are still there
+    bronze_rows = {topic: read_table(fresh, bronze(topic)).height for topic in ALL_TOPICS}
+    newest = {table: fresh.version(table) for table in (D_TRAIN, D_ENV, VALIDATIONS)}
+    Ingestor(fresh, bootstrap="").recover()  # a restart keeps every compacted version: none is rolled back
+    assert {table: fresh.version(table) for table in newest} == newest
+    run_ingest(fresh, broker, runner, config=steps)
+    assert {topic: read_table(fresh, bronze(topic)).height for topic in ALL_TOPICS} == bronze_rows
 
 
 @pytest.mark.integration
