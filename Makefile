@@ -46,6 +46,7 @@ bench: install
 	$(BIN)/python tests/bench/trainers.py
 	$(BIN)/python tests/bench/audit.py
 	$(BIN)/python tests/bench/eval.py
+	$(BIN)/python tests/bench/history.py
 
 clean:
 	rm -rf $(VENV) genenv-lake
