@@ -18,7 +18,7 @@ from .registry import (
     write_weights_manifest,
 )
 from .runs import RunRows
-from .snapshots import TableVersion, quarantine_by_reason, read_pool, read_table, status, versions
+from .snapshots import TableVersion, quarantine_by_reason, read_pool, read_table, rows_appended, status, versions
 from .storage import LakeFiles, StorageError, storage_options
 from .tables import (
     CHECKPOINTS,
@@ -71,6 +71,7 @@ __all__ = [
     "lag",
     "quarantine_by_reason",
     "read_pool",
+    "rows_appended",
     "read_table",
     "rebuild_to",
     "record_at",

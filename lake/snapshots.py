@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import polars as pl
 
 from .ingest import COMMIT_RECORD_KEY
-from .tables import POOLS, QUARANTINE, SCHEMAS, Lake, LakeError
+from .tables import CHANGE_FEED, POOLS, QUARANTINE, SCHEMAS, Lake, LakeError
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,32 @@ def read_pool(lake: Lake, pool: str, version: int | None = None) -> pl.DataFrame
     if pool not in POOLS:
         raise LakeError(f"unknown pool {pool!r}; pools: {', '.join(POOLS)}")
     return read_table(lake, POOLS[pool], version)
+
+
+APPENDS_ONLY = {"WRITE", "OPTIMIZE"}  # commits after which a table holds its rows and those appended, no other
+
+
+def rows_appended(lake: Lake, table: str, since: int, version: int) -> pl.DataFrame | None:
+    """The rows appended to `table` after version `since`, up to `version`, read from Delta's change data feed:
+    the files those appends added, not the whole table twice, so a trainer's read costs what is new, however long
+    the pool's history. None where the feed cannot say it: a table created without the feed (a lake from before
+    it), or a commit in the range that did more than append or compact (a restore: its re-added files would read
+    as new). Compaction's rewritten files are not changes (dataChange false), so it never repeats a row."""
+    if since >= version:
+        return lake.scan(table, version=version).head(0).collect()
+    dt = lake.table(table)
+    if any(dt.metadata().configuration.get(key) != value for key, value in CHANGE_FEED.items()):
+        return None
+    commits = dt.history(limit=dt.version() - since)
+    if any(c.get("operation") not in APPENDS_ONLY for c in commits if since < c["version"] <= version):
+        return None
+    changes = pl.DataFrame(dt.load_cdf(starting_version=since + 1, ending_version=version).read_all())
+    schema = lake.scan(table, version=version).collect_schema()
+    return (
+        changes.filter(pl.col("_change_type") == "insert")
+        .sort("_commit_version", maintain_order=True)
+        .select([pl.col(name).cast(dtype) for name, dtype in schema.items()])
+    )
 
 
 def versions(lake: Lake, table: str) -> list[TableVersion]:

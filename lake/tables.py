@@ -192,6 +192,7 @@ CHECKPOINTS = "registry/checkpoints"
 EVAL_RESULTS = "eval/results"
 EVAL_ITEMS = "eval/items"
 POOLS = {"d_train": D_TRAIN, "d_env": D_ENV}
+CHANGE_FEED = {"delta.enableChangeDataFeed": "true"}  # Delta's change data feed (set when a pool is created)
 
 SCHEMAS: dict[str, pa.Schema] = {
     **{bronze(topic): BRONZE_SCHEMA for topic in TOPICS.values()},
@@ -293,6 +294,9 @@ class Lake:
                         schema,
                         mode="ignore",
                         name=name.replace("/", "_"),
+                        # the pools record their changes, so a trainer reads only the rows new since it last read
+                        # (lake/snapshots.py `rows_appended`)
+                        configuration=CHANGE_FEED if name in POOLS.values() else None,
                         storage_options=self.storage_options,
                     )
                 else:

@@ -37,6 +37,7 @@ from lake import (
     quarantine_by_reason,
     read_pool,
     read_table,
+    rows_appended,
     silver,
     versions,
 )
@@ -52,6 +53,7 @@ from streams import (
     RolloutCompleted,
     ensure_topics,
 )
+from trainers.update import new_rows
 
 FAST = IngestConfig(max_batch_ms=300, max_wait_s=2.0)
 
@@ -374,6 +376,19 @@ def test_replay_from_offset_zero_rebuilds_identical_silver_and_gold_also_when_co
     assert {table: fresh.version(table) for table in newest} == newest
     run_ingest(fresh, broker, runner, config=steps)
     assert {topic: read_table(fresh, bronze(topic)).height for topic in ALL_TOPICS} == bronze_rows
+
+    # A trainer reads the rows new since its last read from the pool's change feed, across compactions: exactly
+    # the rows the anti-join of the two versions gives. After a restore in the range it reads both versions again.
+    newest = fresh.version(D_TRAIN)
+    by_hand = read_pool(fresh, "d_train", newest).join(rows.select("rollout_id"), on="rollout_id", how="anti")
+    appended = rows_appended(fresh, D_TRAIN, version, newest)
+    assert appended.height == by_hand.height > 0 and appended.sort("rollout_id").equals(by_hand.sort("rollout_id"))
+    assert rows_appended(fresh, D_TRAIN, newest, newest).is_empty()
+    fresh.restore(D_TRAIN, newest - 1)
+    assert rows_appended(fresh, D_TRAIN, version, newest + 1) is None
+    assert new_rows(fresh, "d_train", newest + 1, version).height == by_hand.height - (
+        read_pool(fresh, "d_train", newest).height - read_pool(fresh, "d_train", newest - 1).height
+    )
 
 
 @pytest.mark.integration

@@ -25,7 +25,7 @@ from dataclasses import asdict
 import polars as pl
 import torch
 
-from lake import POOLS, Lake, checkpoint_path, read_pool, weights_digest
+from lake import POOLS, Lake, checkpoint_path, read_pool, rows_appended, weights_digest
 
 from . import distributed, grpo, rwr
 from .checkpoints import (
@@ -61,11 +61,13 @@ def default_config(kind: str):
 
 def new_rows(lake: Lake, pool: str, version: int, seen_version: int | None) -> pl.DataFrame:
     """Rows of the pool at `version` that were not in it at `seen_version`."""
-    rows = read_pool(lake, pool, version)
     if seen_version is None:
-        return rows
+        return read_pool(lake, pool, version)
+    appended = rows_appended(lake, POOLS[pool], seen_version, version)  # what is new alone, from the change feed
+    if appended is not None:
+        return appended
     seen = read_pool(lake, pool, seen_version).select(ROW_KEY[pool])
-    return rows.join(seen, on=ROW_KEY[pool], how="anti")
+    return read_pool(lake, pool, version).join(seen, on=ROW_KEY[pool], how="anti")
 
 
 def warm_start_rows(kind: str, rows: pl.DataFrame) -> pl.DataFrame:
