@@ -39,7 +39,7 @@ def read_pool(lake: Lake, pool: str, version: int | None = None) -> pl.DataFrame
     return read_table(lake, POOLS[pool], version)
 
 
-APPENDS_ONLY = {"WRITE", "OPTIMIZE"}  # commits after which a table holds its rows and those appended, no other
+APPENDS_ONLY = {"WRITE", "OPTIMIZE"}  # operations that add rows (the ingest's appends) or rewrite them unchanged
 
 
 def rows_appended(lake: Lake, table: str, since: int, version: int) -> pl.DataFrame | None:

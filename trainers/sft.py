@@ -15,8 +15,8 @@ is not written again here: SFTTrainer owns the optimiser, the schedule, the coll
   `starting_optimizer`), and SFTTrainer writes nothing to disk (save_strategy "no", in a temporary output_dir);
   the checkpoint with its lineage is written by trainers/update.py as for every update.
 
-Deterministic on CPU for the same model, rows, options and seed (SFTTrainer seeds its sampler and the model's
-initialisation-free training from `seed`): `genenv replay` of epoch 0 retrains the warm start bit for bit.
+Deterministic on CPU for the same model, rows, options and seed (SFTTrainer draws the rows' order from `seed`):
+`genenv replay` of epoch 0 retrains the warm start bit for bit.
 """
 
 from __future__ import annotations
