@@ -220,6 +220,41 @@ def test_the_warm_start_is_trls_sft_on_the_completion_tokens_only_and_is_determi
 
 
 @pytest.mark.unit
+def test_the_warm_starts_completion_only_loss_equals_sfttrainers_own():
+    """The warm start scores the completion positions only (trainers/sft.py `completion_sft_trainer`: SFTTrainer's
+    fused head scores every position on a CPU); its loss is SFTTrainer's own on the same batch."""
+    import tempfile
+
+    from trl import SFTTrainer
+
+    from trainers.sft import completion_rows, completion_sft_trainer, sft_arguments
+
+    agent = load_model("tiny", seed=0)
+    tok = agent.tokenizer
+    rows = pl.DataFrame(
+        {"prompt": [render_prompt(tok, "recite " * (i + 1)) for i in range(4)], "text": ["ab", "c"] * 2}
+    )
+    options = RWRConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2, kl_coef=0.0)
+    losses = []
+    for trainer_class in (SFTTrainer, completion_sft_trainer()):
+        with tempfile.TemporaryDirectory() as out:
+            args = sft_arguments(options, CPU, out)
+            trainer = trainer_class(
+                model=agent.model, args=args, train_dataset=completion_rows(tok, rows), processing_class=tok
+            )
+            batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+            tokens = (batch["labels"][:, 1:] != -100).sum() * 2  # a step of two such micro-batches
+            with torch.no_grad():
+                losses.append(
+                    [
+                        trainer.compute_loss(agent.model, dict(batch), num_items_in_batch=n).item()
+                        for n in (None, tokens)
+                    ]
+                )
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+@pytest.mark.unit
 def test_rwr_moves_the_simulator_toward_high_weight_generations():
     simulator = load_model("tiny", seed=1)
     prompt = render_prompt(simulator.tokenizer, "write a task")

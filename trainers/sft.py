@@ -80,13 +80,38 @@ def sft_arguments(config: RWRConfig, precision: Precision, output_dir: str):
     )
 
 
+def completion_sft_trainer():
+    """TRL's SFTTrainer, its loss taken at the completion positions only. Its own fused head scores every position
+    of every row off Triton devices (a CPU), and a simulator's prompt (four candidates' tools) is ten times as
+    long as the request it writes: the warm start's minutes were the prompts' vocabulary projections. The loss is
+    SFTTrainer's own (`nll`: the summed negative log-likelihood of a step's completion tokens over their number,
+    tests/test_trainers.py holds the two equal); the backbone runs once, the head only where a label is."""
+    import torch
+    from trl import SFTTrainer
+
+    class CompletionSFTTrainer(SFTTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            with self.accelerator.autocast():
+                hidden = model.get_decoder()(
+                    input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False
+                ).last_hidden_state[:, :-1]
+                labels = inputs["labels"][:, 1:]
+                scored = labels != -100
+                logits = model.get_output_embeddings()(hidden[scored]).float()
+            tokens = scored.sum() if num_items_in_batch is None else num_items_in_batch
+            nll = torch.nn.functional.cross_entropy(logits, labels[scored], reduction="sum")
+            loss = nll / torch.as_tensor(tokens, device=nll.device).clamp(min=1)
+            return (loss, None) if return_outputs else loss
+
+    return CompletionSFTTrainer
+
+
 def train_sft(
     model, tokenizer, rows: pl.DataFrame, config: RWRConfig, precision: Precision, progress: Progress | None = None
 ) -> dict:
     """Fine-tune `model` in place on rows of (prompt, text) through TRL's SFTTrainer; its metrics as the other
     trainers report them (mean loss, optimiser steps, the last learning rate and grad norm, rows)."""
     from transformers import PrinterCallback, TrainerCallback
-    from trl import SFTTrainer
 
     class Ticks(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -95,7 +120,7 @@ def train_sft(
 
     use_cache = model.config.use_cache  # SFTTrainer turns the cache off, and the checkpoint would keep it off
     with tempfile.TemporaryDirectory(prefix="genenv-sft-") as output_dir:
-        trainer = SFTTrainer(
+        trainer = completion_sft_trainer()(
             model=model,
             args=sft_arguments(config, precision, output_dir),
             train_dataset=completion_rows(tokenizer, rows),
