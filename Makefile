@@ -25,10 +25,13 @@ $(STAMP): pyproject.toml Makefile
 run: install
 	$(BIN)/genenv run
 
-# Tests in WORKERS processes (pytest-xdist; a quick run's tests share one worker, and so one quick run). On 2 cores
-# 2 workers were not faster than 1 (41 min, other work sharing the cores, against 27): more where there are more cores.
-WORKERS ?= 1
-PYTEST := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup
+# Tests in WORKERS processes (pytest-xdist; a quick run's tests share one worker, and so one quick run), each
+# computing in THREADS threads: one test alone leaves a core idle most of the time (its runs wait on the broker,
+# the lake and subprocesses), so two one-thread workers keep both cores of a 2-core machine busy
+# (docs/HACKING.md has the figures). More workers where there are more cores.
+WORKERS ?= 2
+THREADS ?= 1
+PYTEST := OMP_NUM_THREADS=$(THREADS) $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup
 
 test: install
 	$(PYTEST)
