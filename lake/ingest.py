@@ -52,7 +52,7 @@ from streams.events import EVENT_TYPES, TOPICS, content_digest, decode, field_ty
 from streams.kafka import ALL_TOPICS, assigned_consumer, cluster_id, ensure_topics, partitions_of
 
 from .lease import LEASES, TTL_S, Lease
-from .maintenance import COMPACT_FILES, compact
+from .maintenance import COMPACT_FILES, compact, maintenance_row
 from .refine import RawRecord, RefineOutput, Refiner, RefineState, Watermark, bronze_record, refined
 from .tables import BRONZE_SCHEMA, DERIVED_TABLES, SCHEMAS, VALIDATIONS, Lake, LakeError, bronze, silver
 
@@ -316,10 +316,7 @@ class Ingestor:
         seq = self.record.seq + 1
         versions = {**self.record.versions, **{name: d["version"] for name, d in derived.items()}}
         out = RefineOutput()
-        removed = sum(d["files_removed"] for d in done.values())
-        added = sum(d["files_added"] for d in done.values())
-        counts = {name: [d["files_removed"], d["files_added"]] for name, d in done.items()}
-        out.add(VALIDATIONS, Refiner.maintenance_row(seq, removed, added, counts, time.time()))
+        out.add(VALIDATIONS, maintenance_row(seq, done, time.time()))
         self._commit(out, CommitRecord(seq, self.record.watermark, versions))
 
     def _verify_checkpoints(self, batch: list[RawRecord]) -> None:

@@ -20,6 +20,9 @@ Invariants (the ingestor keeps them, lake/ingest.py `Ingestor.maintain`):
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
+
 from .tables import Lake
 
 COMPACT_FILES = 64  # a table whose newest version reads more files than this is compacted
@@ -34,3 +37,19 @@ def compact(lake: Lake, tables: list[str], min_files: int = COMPACT_FILES) -> di
             version, removed, added = lake.compact(name)
             done[name] = {"version": version, "files_removed": removed, "files_added": added}
     return done
+
+
+def maintenance_row(seq: int, done: dict[str, dict], now: float) -> dict:
+    """The silver/validations row of a compaction step (kind "maintenance", suite "compact"): `rows` the files it
+    rewrote, `passed` the files it wrote, unexpected_counts each table's [files rewritten, files written]."""
+    return {
+        "refine_seq": seq,
+        "kind": "maintenance",
+        "suite": "compact",
+        "rows": sum(d["files_removed"] for d in done.values()),
+        "passed": sum(d["files_added"] for d in done.values()),
+        "failed": 0,
+        "unexpected_counts": json.dumps({name: [d["files_removed"], d["files_added"]] for name, d in done.items()}),
+        "success": True,
+        "validated_at": datetime.fromtimestamp(now, tz=UTC),
+    }

@@ -589,22 +589,6 @@ class Refiner:
                 out.add(CHECKPOINTS, {k: v for k, v in row.items() if not k.startswith("kafka_")})
 
     @staticmethod
-    def maintenance_row(seq: int, files_before: int, files_after: int, counts: dict, now: float) -> dict:
-        """The silver/validations row of a compaction step (lake/maintenance.py): `rows` the files it rewrote,
-        `passed` the files it wrote, unexpected_counts each table's [files rewritten, files written]."""
-        return {
-            "refine_seq": seq,
-            "kind": "maintenance",
-            "suite": "compact",
-            "rows": files_before,
-            "passed": files_after,
-            "failed": 0,
-            "unexpected_counts": json.dumps(counts, sort_keys=True),
-            "success": True,
-            "validated_at": datetime.fromtimestamp(now, tz=UTC),
-        }
-
-    @staticmethod
     def _validation_row(seq: int, kind: str, suite: str, rows: int, passed: int, counts: dict, now: float) -> dict:
         return {
             "refine_seq": seq,

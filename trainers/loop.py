@@ -82,6 +82,11 @@ class OptimConfig:
     def warmup(self) -> int:
         return self.warmup_steps or math.ceil(self.warmup_ratio * self.max_steps)
 
+    @property
+    def schedule(self) -> str:
+        """transformers' scheduler for lr_scheduler_type: "constant" is taken with its warmup (0 steps: none)."""
+        return "constant_with_warmup" if self.lr_scheduler_type == "constant" else self.lr_scheduler_type
+
 
 @dataclass
 class OptimizerState:
@@ -96,11 +101,10 @@ def lr_schedule(optimiser, config: OptimConfig, start: int):
     """transformers' schedule for the options, standing at lineage step `start` (its lr is the next step's)."""
     from transformers import get_scheduler
 
-    name = "constant_with_warmup" if config.lr_scheduler_type == "constant" else config.lr_scheduler_type
     for group in optimiser.param_groups:
         group["lr"] = group["initial_lr"] = config.learning_rate
     scheduler = get_scheduler(
-        name, optimiser, num_warmup_steps=config.warmup, num_training_steps=config.max_steps or None
+        config.schedule, optimiser, num_warmup_steps=config.warmup, num_training_steps=config.max_steps or None
     )
     if start:
         with warnings.catch_warnings():  # stepped before the optimiser on purpose: it resumes a lineage

@@ -50,14 +50,13 @@ def sft_arguments(config: RWRConfig, precision: Precision, output_dir: str):
     """TRL's SFTConfig for a warm start with these options, computing in the update's precision."""
     from trl import SFTConfig
 
-    schedule = "constant_with_warmup" if config.lr_scheduler_type == "constant" else config.lr_scheduler_type
     return SFTConfig(
         output_dir=output_dir,
         learning_rate=config.learning_rate,
         per_device_train_batch_size=config.per_device_train_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         num_train_epochs=config.num_train_epochs,
-        lr_scheduler_type=schedule,
+        lr_scheduler_type=config.schedule,
         warmup_steps=config.warmup,
         max_grad_norm=config.max_grad_norm,
         weight_decay=config.weight_decay,
