@@ -334,6 +334,27 @@ def test_groups_whose_rewards_all_agree_and_rows_of_another_temperature_are_left
     assert dropped == {"zero_std_group": 3, "other_temperature": 1}
 
 
+@pytest.mark.unit
+def test_max_groups_keeps_the_groups_whose_rewards_spread_most():
+    agent = load_model("tiny", seed=0)
+    prompts = [render_prompt(agent.tokenizer, p) for p in ("w", "x", "y", "z")]
+    rows = rollout_rows(sample(agent, prompts, 4, seed=1), 4)
+    tasks = rows["task_id"].unique(maintain_order=True).to_list()
+    # a quarter, a half, three quarters solved, and every rollout solved (no advantage: left out first)
+    rewards = [1.0, 0.0, 0.0, 0.0] + [1.0, 0.0, 1.0, 0.0] + [1.0, 1.0, 1.0, 0.0] + [1.0] * 4
+    rows = rows.with_columns(pl.Series("reward", rewards))
+    kept, dropped = select_rollouts(rows, 0, GRPOConfig(max_groups=2))
+    assert kept.height == 8 and tasks[1] in kept["task_id"].to_list()  # the half-solved group spreads most
+    assert dropped == {"zero_std_group": 4, "over_max_groups": 4}
+    # the tie between a quarter and three quarters is broken by the seed, the same way every time
+    again, _ = select_rollouts(rows, 0, GRPOConfig(max_groups=2))
+    assert again["rollout_id"].to_list() == kept["rollout_id"].to_list()
+    kept, dropped = select_rollouts(rows, 0, GRPOConfig(max_groups=0))
+    assert kept.height == 12 and dropped == {"zero_std_group": 4}
+    with pytest.raises(ValueError, match="max_groups must be >= 0"):
+        GRPOConfig(max_groups=-1).check()
+
+
 # -- through the lake: pools, checkpoints, the registry, the command line ---------------------------------------
 
 
@@ -463,7 +484,10 @@ def test_checkpoints_register_chain_and_load_by_version(pool_lake, broker):
     second = train_update("agent", pool_lake, FAST_AGENT)
     assert (second.version, second.parent_version, second.metrics["rows"]) == (2, 1, 16)
 
-    env = train_update("env", pool_lake, RWRConfig(per_device_train_batch_size=4), base_model="tiny")
+    # An env update waits for min_rows: the 8 rows stay in the pool, and the next update takes them all.
+    with pytest.raises(TrainError, match="8 new rows to train the env on, fewer than min_rows 9: they wait"):
+        train_update("env", pool_lake, RWRConfig(per_device_train_batch_size=4, min_rows=9), base_model="tiny")
+    env = train_update("env", pool_lake, RWRConfig(per_device_train_batch_size=4, min_rows=8), base_model="tiny")
     assert (env.version, env.pool_table, env.metrics["rows"]) == (1, "gold/d_env", 8)
 
 

@@ -47,6 +47,10 @@ class GRPOConfig(OptimConfig, GRPOLossConfig):
     # Leave out the groups whose rewards are all equal (DAPO's dynamic sampling, verl's filter_groups): their
     # advantage is 0, so they only dilute a token-normalised loss and cost a forward and backward pass.
     filter_groups: bool = True
+    # At most this many groups an update trains on (0: all), the most informative first (the largest spread of
+    # rewards; ties in a seeded order); the others are counted as left out. An update's time is its steps, and
+    # its steps are its rows: the bound makes a run with many mixed groups cost what an average one does.
+    max_groups: int = 0
     # PPO-ptx (InstructGPT's pretraining mix; OpenRLHF's ptx_coef): every micro-batch also takes ptx_batch_size of the
     # warm start's reference answers and adds ptx_coef x their mean token NLL to the loss. GRPO moves only what its
     # mixed groups cover; when those are all one-call tasks, every answer it reinforces stops after one call and the
@@ -69,6 +73,8 @@ class GRPOConfig(OptimConfig, GRPOLossConfig):
             raise ValueError("epsilon and epsilon_high must be > 0")
         if self.ptx_coef < 0 or self.ptx_batch_size < 1:
             raise ValueError(f"ptx_coef must be >= 0, ptx_batch_size >= 1: {self.ptx_coef}, {self.ptx_batch_size}")
+        if self.max_groups < 0:
+            raise ValueError(f"max_groups must be >= 0 (0: every group), got {self.max_groups}")
         if self.beta < 0 or self.max_staleness < 0 or self.num_iterations < 1 or self.temperature <= 0:
             raise ValueError("beta and max_staleness must be >= 0, num_iterations >= 1, temperature > 0")
 
@@ -118,6 +124,10 @@ def select_rows(rows: pl.DataFrame, parent_version: int, config: GRPOConfig) -> 
         if len(mixed) < len(kept):
             dropped["zero_std_group"] += len(kept) - len(mixed)
         kept = mixed
+    if config.max_groups:
+        kept, over = most_informative(kept, config.max_groups, config.seed)
+        if over:
+            dropped["over_max_groups"] += over
     return pl.DataFrame(kept, infer_schema_length=None) if kept else rows.clear(), dropped
 
 
@@ -220,6 +230,21 @@ class GRPOTrainer(Trainer):
             "stale_rows": int((rows["staleness"] > 0).sum()),
             "ptx_rows": 0 if self.anchor is None else self.anchor.height,
         }
+
+
+def most_informative(rows: list[dict], groups: int, seed: int) -> tuple[list[dict], int]:
+    """The rows of the `groups` tasks whose rewards spread the most (population std: for 0/1 rewards, p nearest
+    0.5), ties in a seeded order of tasks; and how many rows were left out."""
+    rewards: dict[str, list[float]] = {}
+    for row in rows:
+        rewards.setdefault(row["task_id"], []).append(row["reward"])
+    tasks = list(rewards)
+    order = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(seed)).tolist()
+    rank = {tasks[k]: i for i, k in enumerate(order)}
+    spread = {t: float(torch.tensor(r, dtype=torch.float64).std(correction=0)) for t, r in rewards.items()}
+    chosen = set(sorted(tasks, key=lambda t: (-spread[t], rank[t]))[:groups])
+    kept = [row for row in rows if row["task_id"] in chosen]
+    return kept, len(rows) - len(kept)
 
 
 def grouped_order(task_ids: list[str], seed: int) -> list[int]:

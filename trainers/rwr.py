@@ -36,9 +36,15 @@ class RWRConfig(OptimConfig):
     # Train only on rows in the curriculum band (the paper's k filter); False: on every scored valid generation,
     # weighted by exp(R_env / T), so that a higher weight_temperature keeps the effective sample size up.
     band_only: bool = True
+    # An update waits until it has at least this many rows to train on: fewer stay in the pool for the next one
+    # (the rows new since the parent's pool version). RWR's weights over a handful of rows put the whole update on
+    # one or two generations (an effective sample size of 1-2).
+    min_rows: int = 1
 
     def check(self) -> None:
         super().check()
+        if self.min_rows < 1:
+            raise ValueError(f"min_rows must be >= 1, got {self.min_rows}")
         if self.weight_temperature <= 0 or self.kl_coef < 0 or self.num_train_epochs < 1:
             raise ValueError("weight_temperature must be > 0, kl_coef >= 0 and num_train_epochs >= 1")
 

@@ -267,7 +267,13 @@ def select_update_rows(
         return warm_start_rows(kind, rows), Counter()
     if kind == "agent":
         return grpo.select_rows(rows, parent, config)
-    return rwr.select_rows(rows, config.band_only)
+    selected, dropped = rwr.select_rows(rows, config.band_only)
+    if 0 < selected.height < config.min_rows:
+        raise TrainError(
+            f"{selected.height} new rows to train the env on, fewer than min_rows {config.min_rows}: "
+            "they wait in the pool for the next update"
+        )
+    return selected, dropped
 
 
 def starting_optimizer(lake: Lake, kind: str, parent: int, config, warm_start: bool, fsdp: str = "") -> OptimizerState:

@@ -94,7 +94,8 @@ class RunConfig:
     # the run's updates with a warmup of 8 steps; DAPO's clip-higher (epsilon_high) against the collapse of the variety
     # a group needs; and PPO-ptx on the warm start's answers, so that what no mixed group covers (the multi-call
     # answers) does not decay. Measured to teach the agent, run e13 of docs/RESULTS.md (3 passes undid it; ptx_coef
-    # 1.0 made every group agree; steps of 4 rows gave 24-40 steps a run).
+    # 1.0 made every group agree; steps of 4 rows gave 24-40 steps a run). At most 2 mixed groups an update (16
+    # steps): a run with many mixed groups took 104 steps and 17:46 (e32), past the 15 minutes.
     agent: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
             learning_rate=3e-5,
@@ -106,13 +107,21 @@ class RunConfig:
             temperature=0.7,
             epsilon_high=0.28,
             ptx_coef=0.3,
+            max_groups=2,
         )
     )
     # Steps of 8 generations in micro-batches of 2: the simulator's prompts are long (four candidates), and a
-    # micro-batch's activations are what sets the run's peak memory.
+    # micro-batch's activations are what sets the run's peak memory. At 10 tasks an epoch 0-3 are in band: every
+    # scored valid generation is trained on (band_only false), weighted at T = 0.5, and an update waits for 16
+    # rows (every other epoch), so that RWR's weights spread over more than one or two generations.
     env: RWRConfig = field(
         default_factory=lambda: RWRConfig(
-            learning_rate=1e-5, per_device_train_batch_size=2, gradient_accumulation_steps=4
+            learning_rate=1e-5,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=4,
+            band_only=False,
+            weight_temperature=0.5,
+            min_rows=16,
         )
     )
 
@@ -249,6 +258,10 @@ PROFILES: dict[str, dict] = {
         # a tiny model's 8 rows in one micro-batch: the warm start's 150 passes in a quarter of the forward passes
         "env.per_device_train_batch_size": 8,
         "env.gradient_accumulation_steps": 1,
+        # an env update every epoch on what is in band, as the tests' runs check
+        "env.band_only": True,
+        "env.weight_temperature": 0.2,
+        "env.min_rows": 1,
         "agent.learning_rate": 1e-3,
         "env.learning_rate": 1e-3,
         # what the tests' runs check was written for fp32 sampling at 1.0; a tiny model gains nothing from bf16
@@ -278,6 +291,9 @@ PROFILES: dict[str, dict] = {
         "temperature": 1.0,
         "curriculum.granularity": "batch",
         "curriculum.k": 0.1,
+        "env.band_only": True,  # the paper's filter: 64 tasks an epoch leave enough rows in band
+        "env.weight_temperature": 0.2,
+        "env.min_rows": 1,
         "generation_batch_size": 256,
         "agent.learning_rate": 1e-5,
         "env.learning_rate": 1e-5,
