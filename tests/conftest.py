@@ -86,9 +86,9 @@ def genenv_cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.Comp
 
 
 def genenv_inline(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The CLI's `main` in this process, for a command that stops before any work: the same exit code and output
-    as `genenv_cli` gives, without a new interpreter's imports (seconds each on 2 cores). `env` is set for the call
-    and restored after."""
+    """The CLI's `main` in this process, for a command that only reads or prunes the lake (an audit, a status) or
+    stops before any work: the same exit code and output as `genenv_cli` gives, without a new interpreter's imports
+    (seconds each on 2 cores). `env` is set for the call and restored after."""
     out, err = io.StringIO(), io.StringIO()
     saved = dict(os.environ)
     os.environ.update(env or {})

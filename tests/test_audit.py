@@ -77,7 +77,7 @@ def test_audit_of_a_task_lists_exactly_the_rollouts_and_rewards_the_lake_holds(q
     rollouts, rewards = read_table(lake, silver("rollout")), read_table(lake, silver("reward"))
     batches = read_table(lake, silver("batch"))
     task_id = tasks.sort("task_id")["task_id"][0]
-    result = genenv_cli("audit", "task", task_id, "--lake", lake.root, "--json")
+    result = genenv_inline("audit", "task", task_id, "--lake", lake.root, "--json")
     assert result.returncode == 0, result.stderr
     answer = json.loads(result.stdout)
 
@@ -99,14 +99,14 @@ def test_audit_of_checkpoints_and_epochs_follows_the_registry(quick_run):
     lake, _ = quick_run
     registered = read_table(lake, CHECKPOINTS).filter(pl.col("model_kind") == "agent")
     newest = int(registered["version"].max())
-    result = genenv_cli("audit", "checkpoint", "agent", str(newest), "--lake", lake.root, "--json")
+    result = genenv_inline("audit", "checkpoint", "agent", str(newest), "--lake", lake.root, "--json")
     assert result.returncode == 0, result.stderr
     answer = json.loads(result.stdout)
     assert [v["version"] for v in answer["lineage"]] == list(range(newest, 0, -1))  # back to the base model
     assert answer["base_model"] == "tiny" and answer["lineage"][-1]["parent_version"] == 0
     assert answer["lineage"][-1]["warm_start"] and answer["lineage"][-1]["seed_rows"] > 0
 
-    result = genenv_cli("audit", "epoch", "0", "--lake", lake.root, "--json")
+    result = genenv_inline("audit", "epoch", "0", "--lake", lake.root, "--json")
     assert result.returncode == 0, result.stderr
     epoch = json.loads(result.stdout)
     tasks = read_table(lake, silver("task")).filter((pl.col("epoch") == 0) & (pl.col("producer") != "warm-start"))

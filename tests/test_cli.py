@@ -16,7 +16,7 @@ def test_ingest_lands_published_epochs_then_status_reports_them(tmp_path, broker
     assert result.returncode == 0, result.stderr[-2000:]
     assert read_pool(Lake(lake, create=False), "d_train").height == 2 * 4 * 2
     assert read_pool(Lake(lake, create=False), "d_env").height == 2 * 4
-    status = genenv_cli("lake", "status", "--lake", str(lake), timeout=120)
+    status = genenv_inline("lake", "status", "--lake", str(lake))
     assert status.returncode == 0 and "gold/d_train" in status.stdout
 
 

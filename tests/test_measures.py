@@ -13,7 +13,7 @@ import random
 
 import polars as pl
 import pytest
-from conftest import genenv_cli
+from conftest import genenv_inline
 from demo_events import publish
 
 from engine.coevolution import load_config
@@ -164,7 +164,7 @@ def test_measures_from_the_lake_equal_metrics_json_the_report_and_the_audit(meas
         assert (tmp_path / plot).stat().st_size > 0 and plot in text
 
     for epoch in expected:
-        audit = genenv_cli("audit", "epoch", str(epoch), "--lake", measured_lake.root, "--run", RUN, "--json")
+        audit = genenv_inline("audit", "epoch", str(epoch), "--lake", measured_lake.root, "--run", RUN, "--json")
         assert audit.returncode == 0, audit.stderr[-2000:]
         check_epochs([{**json.loads(audit.stdout), "epoch": epoch}], {epoch: expected[epoch]})
 

@@ -99,7 +99,7 @@ def test_a_quick_bf16_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_pa
     assert not (tmp_path / "s3:").exists()
 
     valid = tasks.filter(tasks["valid"])["task_id"][0]
-    audit = genenv_cli(
+    audit = genenv_inline(
         "audit", "task", valid, "--lake", root, "--json", env={**env, "GENENV_CACHE": str(tmp_path / "audit-cache")}
     )
     assert audit.returncode == 0, audit.stderr[-2000:]
@@ -132,7 +132,7 @@ def test_a_quick_bf16_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_pa
     # Retention lists and deletes checkpoint folders in the bucket (keeping the last version and its parent); the
     # registry keeps every version's lineage.
     agent_versions = sorted(registry.filter(registry["model_kind"] == "agent")["version"].to_list())
-    prune = genenv_cli("lake", "prune", "--lake", root, "--keep-last", "1", "--apply", env=env, timeout=120)
+    prune = genenv_inline("lake", "prune", "--lake", root, "--keep-last", "1", "--apply", env=env)
     assert prune.returncode == 0, prune.stderr[-2000:]
     left = {key.split("/")[3] for key in keys(client, "quick/checkpoints/agent/")}
     assert left == {f"v{v}" for v in agent_versions[-2:]}, (left, agent_versions)

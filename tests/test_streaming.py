@@ -17,7 +17,7 @@ from pathlib import Path
 import polars as pl
 import psutil
 import pytest
-from conftest import ROOT, genenv_cli
+from conftest import ROOT, genenv_cli, genenv_inline
 from demo_events import epoch_events, publish
 from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
@@ -170,13 +170,7 @@ def test_two_workers_of_each_role_share_the_work_once_and_killed_ones_are_restar
     assert set(killed) <= set(restarts["role"]), restarts
     assert (restarts["exit_code"] == -signal.SIGKILL).all()
     epoch = int(restarts["epoch"][0])
-    audit = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "audit", "epoch", str(epoch), "--lake", str(root), "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    audit = genenv_inline("audit", "epoch", str(epoch), "--lake", str(root), "--json")
     assert audit.returncode == 0 and "worker_restarts" in audit.stdout and restarts["worker"][0] in audit.stdout
 
 
@@ -324,7 +318,7 @@ def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
         "--seed",
         "4",
         "--epochs",
-        "2",  # killed when its first rollouts land: the resume still has most of the run to do
+        "1",  # killed when its first rollouts land: the resume still has most of the run to do
         *SEEDS_ONLY,
     )
     run = background.process
@@ -364,13 +358,7 @@ def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
     assert_whole(lake, group_size=4)
     tasks = of_run(read_table(lake, silver("task"))).filter(pl.col("valid"))
     for task_id in tasks["task_id"].to_list()[:3]:
-        audit = subprocess.run(
-            [sys.executable, "-m", "engine.cli", "audit", "task", task_id, "--lake", str(root), "--json"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        audit = genenv_inline("audit", "task", task_id, "--lake", str(root), "--json")
         assert audit.returncode == 0 and len(json.loads(audit.stdout)["rollouts"]) == 4, audit.stdout[-2000:]
 
 

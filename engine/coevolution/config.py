@@ -62,8 +62,8 @@ class RunConfig:
     refill_rounds: int = 0
     validation_size: int = 200  # held-out tasks scored greedily (in batches) before training and after the last epoch
     # After the other epochs' updates, only the first validation_subset of them (stratified by level like the whole
-    # set: 3 per toolcall level for 24), with its interval in the report; 0 (or >= validation_size): the whole set.
-    validation_subset: int = 24
+    # set: 2 per toolcall level for 16), with its interval in the report; 0 (or >= validation_size): the whole set.
+    validation_subset: int = 16
     # After the last epoch: the agent on the first N items of BFCL's simple_python and of its multiple category
     # (bfcl-eval's data and checker, as `genenv eval` scores them), recorded in the lake's eval tables. 0: none.
     final_bfcl_items: int = 0
@@ -95,7 +95,8 @@ class RunConfig:
     # a group needs; and PPO-ptx on the warm start's answers, so that what no mixed group covers (the multi-call
     # answers) does not decay. Measured to teach the agent, run e13 of docs/RESULTS.md (3 passes undid it; ptx_coef
     # 1.0 made every group agree; steps of 4 rows gave 24-40 steps a run). At most 2 mixed groups an update (16
-    # steps): a run with many mixed groups took 104 steps and 17:46 (e32), past the 15 minutes.
+    # steps): a run with many mixed groups took 104 steps and 17:46 (e32), past the 15 minutes. One warm-start
+    # answer a micro-batch: its own prompt costs as much as the group's shared one.
     agent: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
             learning_rate=3e-5,
@@ -107,18 +108,20 @@ class RunConfig:
             temperature=0.7,
             epsilon_high=0.28,
             ptx_coef=0.3,
+            ptx_batch_size=1,
             max_groups=2,
         )
     )
-    # Steps of 8 generations in micro-batches of 2: the simulator's prompts are long (four candidates), and a
-    # micro-batch's activations are what sets the run's peak memory. At 10 tasks an epoch 0-3 are in band: every
-    # scored valid generation is trained on (band_only false), weighted at T = 0.5, and an update waits for 16
-    # rows (every other epoch), so that RWR's weights spread over more than one or two generations.
+    # Steps of 8 generations, one a micro-batch: the simulator's prompts are long (four candidates), and a
+    # micro-batch's activations are what sets the run's peak memory (the warm start takes these options too). At
+    # 10 tasks an epoch 0-3 are in band: every scored valid generation is trained on (band_only false), weighted at
+    # T = 0.5, and an update waits for 16 rows (every other epoch), so that RWR's weights spread over more than one
+    # or two generations.
     env: RWRConfig = field(
         default_factory=lambda: RWRConfig(
             learning_rate=1e-5,
-            per_device_train_batch_size=2,
-            gradient_accumulation_steps=4,
+            per_device_train_batch_size=1,
+            gradient_accumulation_steps=8,
             band_only=False,
             weight_temperature=0.5,
             min_rows=16,

@@ -389,9 +389,9 @@ class CoEvolution:
         events += self.scorer.groups(tasks, {t.task_id: [True] for t in tasks}, 0, producer="warm-start")
         self.writer.publish(events)
         self.writer.land()
-        # Steps and micro-batches as the simulator's RWR updates take them ([env]; by default steps of 8 rows in
-        # micro-batches of 2: a seed's long simulator prompt makes a micro-batch's activations the largest thing in
-        # the process, about 4 GB at 8 rows for a 135M model; the quick profile's tiny models take all 8 at once).
+        # Steps and micro-batches as the simulator's RWR updates take them ([env]; by default steps of 8 rows, one
+        # a micro-batch: a seed's long simulator prompt makes a micro-batch's activations the largest thing in the
+        # process, about 4 GB at 8 rows for a 135M model; the quick profile's tiny models take all 8 at once).
         sft = RWRConfig(
             learning_rate=cfg.warm_start_learning_rate,
             per_device_train_batch_size=cfg.env.per_device_train_batch_size,
