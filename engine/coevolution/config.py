@@ -95,8 +95,7 @@ class RunConfig:
     # a group needs; and PPO-ptx on the warm start's answers, so that what no mixed group covers (the multi-call
     # answers) does not decay. Measured to teach the agent, run e13 of docs/RESULTS.md (3 passes undid it; ptx_coef
     # 1.0 made every group agree; steps of 4 rows gave 24-40 steps a run). At most 2 mixed groups an update (16
-    # steps): a run with many mixed groups took 104 steps and 17:46 (e32), past the 15 minutes. One warm-start
-    # answer a micro-batch: its own prompt costs as much as the group's shared one.
+    # steps): a run with many mixed groups took 104 steps and 17:46 (e32), past the 15 minutes.
     agent: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
             learning_rate=3e-5,
@@ -108,20 +107,20 @@ class RunConfig:
             temperature=0.7,
             epsilon_high=0.28,
             ptx_coef=0.3,
-            ptx_batch_size=1,
             max_groups=2,
         )
     )
-    # Steps of 8 generations, one a micro-batch: the simulator's prompts are long (four candidates), and a
-    # micro-batch's activations are what sets the run's peak memory (the warm start takes these options too). At
+    # Steps of 8 generations in micro-batches of 2: the simulator's prompts are long (four candidates), and a
+    # micro-batch's activations are what sets the run's peak memory (the warm start takes these options too; one
+    # generation a micro-batch made its warm start 154 s against 120, e34). At
     # 10 tasks an epoch 0-3 are in band: every scored valid generation is trained on (band_only false), weighted at
     # T = 0.5, and an update waits for 16 rows (every other epoch), so that RWR's weights spread over more than one
     # or two generations.
     env: RWRConfig = field(
         default_factory=lambda: RWRConfig(
             learning_rate=1e-5,
-            per_device_train_batch_size=1,
-            gradient_accumulation_steps=8,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=4,
             band_only=False,
             weight_temperature=0.5,
             min_rows=16,

@@ -8,7 +8,8 @@ the lake.
       2. rollouts:  Rollouts.roll_out: group_size answers to every valid task
       3. rewards:   Scorer.reward on each rollout, Scorer.groups on each batch (p_hat, R_env, weight, filtered)
       4. publish everything, ingest until the lake holds it
-      5. train:     Updater("agent"): GRPO on gold/d_train@v; Updater("env"): RWR on gold/d_env@v (mode genenv only)
+      5. train:     Updater("agent"): GRPO on gold/d_train@v; Updater("env"): RWR on gold/d_env@v (mode genenv
+                    only, and not after the last epoch: no epoch would write tasks with that simulator)
       6. publish the checkpoints, ingest them into registry/checkpoints
       7. validate:  the agent, greedy, on a fixed subset of the domain's held-out set (the whole set before
                     training and after the last epoch: the run's gain is after minus before on the same items)
@@ -285,7 +286,7 @@ class CoEvolution:
             agent = self.train("agent", epoch=last, note=updates) if last not in trained["agent"] else None
             env = (
                 self.train("env", epoch=last, note=updates)
-                if cfg.mode == "genenv" and last not in trained["env"]
+                if self.trains_env(last) and last not in trained["env"]
                 else None
             )
             self.load(agent or self.rollouts.version, env or self.simulator.version)
@@ -389,9 +390,9 @@ class CoEvolution:
         events += self.scorer.groups(tasks, {t.task_id: [True] for t in tasks}, 0, producer="warm-start")
         self.writer.publish(events)
         self.writer.land()
-        # Steps and micro-batches as the simulator's RWR updates take them ([env]; by default steps of 8 rows, one
-        # a micro-batch: a seed's long simulator prompt makes a micro-batch's activations the largest thing in the
-        # process, about 4 GB at 8 rows for a 135M model; the quick profile's tiny models take all 8 at once).
+        # Steps and micro-batches as the simulator's RWR updates take them ([env]; by default steps of 8 rows in
+        # micro-batches of 2: a seed's long simulator prompt makes a micro-batch's activations the largest thing in
+        # the process, about 4 GB at 8 rows for a 135M model; the quick profile's tiny models take all 8 at once).
         sft = RWRConfig(
             learning_rate=cfg.warm_start_learning_rate,
             per_device_train_batch_size=cfg.env.per_device_train_batch_size,
@@ -408,6 +409,11 @@ class CoEvolution:
             f"warm start: {len(seeds)} seed tasks, agent v{self.rollouts.version}, env v{self.simulator.version} "
             f"({time.perf_counter() - start:.0f}s)"
         )
+
+    def trains_env(self, epoch: int) -> bool:
+        """Whether the simulator is trained after this epoch: in genenv mode, after every epoch but the last, whose
+        update no epoch would write tasks with (its rows stay in the pool for a run that continues the lineage)."""
+        return self.config.mode == "genenv" and epoch != self.config.epochs - 1
 
     def load(self, agent_version: int, env_version: int) -> None:
         """Each role's model at the given version (one already loaded at that version is kept)."""
@@ -470,7 +476,11 @@ class CoEvolution:
         updates: dict[str, str] = {}
         agent_version = self.train("agent", epoch=epoch, note=updates, lap=lap)
         lap("train_agent")
-        env_version = self.train("env", epoch=epoch, note=updates) if cfg.mode == "genenv" else None
+        env_version = None
+        if self.trains_env(epoch):
+            env_version = self.train("env", epoch=epoch, note=updates)
+        elif cfg.mode == "genenv":
+            updates["env"] = "skipped: the last epoch (no later epoch writes tasks with it; its rows stay in the pool)"
         lap("train_env")
         self.load(agent_version or self.rollouts.version, env_version or self.simulator.version)
         # The agent checkpoint's metrics carry its validation accuracy (so the lake alone tells it). An epoch
