@@ -42,6 +42,10 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             "tests must carry exactly one tier marker (unit, integration, e2e): " + "; ".join(wrong)
         )
+    # The slow tiers first: pytest-xdist hands tests out in this order, so the minutes-long runs start at once and
+    # the seconds-long tests fill both workers at the end, instead of one worker running a 4-minute test alone
+    # while the other has finished (longest first is the classic schedule for two machines).
+    items.sort(key=lambda item: -TIERS.index(next(m.name for m in item.iter_markers() if m.name in TIERS)))
 
 
 def _tansu_children() -> list[psutil.Process]:
