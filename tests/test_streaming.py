@@ -318,7 +318,7 @@ def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
         "--seed",
         "4",
         "--epochs",
-        "1",  # killed when its first rollouts land: the resume still has most of the run to do
+        "2",  # killed when its first rollouts land: the resume still has most of the run to do
         *SEEDS_ONLY,
     )
     run = background.process

@@ -251,8 +251,9 @@ PROFILES: dict[str, dict] = {
         "validation_size": 6,
         "validation_subset": 3,
         "refill_rounds": 1,
-        # a random tiny model's groups are almost all alike: keep them, so every epoch has an update to test
+        # a random tiny model's groups are almost all alike: keep them all, so every epoch has an update to test
         "agent.filter_groups": False,
+        "agent.max_groups": 0,
         "agent.per_device_train_batch_size": 4,  # one step per group of 4 and pass: a few steps an update
         "warm_start_tasks": 16,
         "warm_start_epochs": 150,
@@ -302,6 +303,7 @@ PROFILES: dict[str, dict] = {
         "agent.per_device_train_batch_size": 8,
         "agent.gradient_accumulation_steps": 8,
         "agent.num_iterations": 1,
+        "agent.max_groups": 0,  # 64 tasks an epoch: every mixed group
         "agent.use_peft": True,
         "env.use_peft": True,
         "agent.gradient_checkpointing": True,
