@@ -578,7 +578,8 @@ class CoEvolution:
         self.writer.publish([self.updaters[kind].event(record, epoch)])
         self.writer.land()
         if note is not None:
-            note[kind] = f"v{record.version} on {record.metrics['rows']} rows"
+            ess = record.metrics.get("effective_sample_size")  # RWR's: how many rows its weights spread over
+            note[kind] = f"v{record.version} on {record.metrics['rows']} rows" + (f" (ESS {ess:.1f})" if ess else "")
         return record.version
 
 
