@@ -23,6 +23,7 @@ produced it: rows 1..max_staleness versions behind are trained so (`off_policy="
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
@@ -241,7 +242,7 @@ def most_informative(rows: list[dict], groups: int, seed: int) -> tuple[list[dic
     tasks = list(rewards)
     order = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(seed)).tolist()
     rank = {tasks[k]: i for i, k in enumerate(order)}
-    spread = {t: float(torch.tensor(r, dtype=torch.float64).std(correction=0)) for t, r in rewards.items()}
+    spread = {t: statistics.pstdev(r) for t, r in rewards.items()}
     chosen = set(sorted(tasks, key=lambda t: (-spread[t], rank[t]))[:groups])
     kept = [row for row in rows if row["task_id"] in chosen]
     return kept, len(rows) - len(kept)
