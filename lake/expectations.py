@@ -50,13 +50,14 @@ RANGES: dict[str, list[tuple[str, float | None, float | None]]] = {
     ],
     "checkpoint": [("epoch", 0, None), ("version", 0, None)],
     "restart": [("epoch", 0, None), ("restart", 1, None)],
+    "reassign": [("epoch", 0, None), ("rollouts_missing", 1, None), ("held_s", 0.0, None), ("reassignment", 1, None)],
 }
 VALUE_SETS: dict[str, list[tuple[str, list]]] = {
     "batch": [("granularity", ["batch", "task"])],
     "checkpoint": [("model_kind", ["agent", "env"])],
     "restart": [("role", ["simulator", "rollout", "reward", "train-agent", "train-env", "ingest"])],
 }
-REFERS_TO_TASK = {"rollout", "reward"}
+REFERS_TO_TASK = {"rollout", "reward", "reassign"}
 # The check a rollout or reward fails when its task has not landed (SuiteRunner.suite): the one failure the
 # refiner undoes, re-admitting the row when its task lands (lake/refine.py).
 LATE_CHECK = "expect_column_values_to_not_be_in_set(task_id)"

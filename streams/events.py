@@ -1,4 +1,4 @@
-"""The five kinds of event that flow through Kafka, and their JSON encoding.
+"""The seven kinds of event that flow through Kafka, and their JSON encoding.
 
 Invariants:
 - One event is one flat JSON object (scalars and lists of scalars; structured
@@ -189,9 +189,32 @@ class WorkerRestarted(Event):
         return self.worker
 
 
+@dataclass(frozen=True, kw_only=True)
+class TaskReassigned(Event):
+    """A reward worker held a task whose group was still incomplete past `reassign_after_s` and sent the task
+    again, so that a rollout worker makes the rollouts the lake lacks: the record `genenv audit task` shows."""
+
+    KIND: ClassVar[str] = "reassign"
+    TOPIC: ClassVar[str] = "genenv.reassignments"
+    IDENTITY: ClassVar[tuple[str, ...]] = ("task_id", "reassignment")
+
+    task_id: str
+    rollouts_missing: int  # of the group's group_size, when the task was sent again
+    held_s: float  # how long the worker had held the task
+    reassignment: int  # 1 for the task's first (counted by the worker that holds it)
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.KIND: cls
-    for cls in (TaskGenerated, RolloutCompleted, RewardScored, BatchScored, CheckpointPublished, WorkerRestarted)
+    for cls in (
+        TaskGenerated,
+        RolloutCompleted,
+        RewardScored,
+        BatchScored,
+        CheckpointPublished,
+        WorkerRestarted,
+        TaskReassigned,
+    )
 }
 TOPICS: dict[str, str] = {kind: cls.TOPIC for kind, cls in EVENT_TYPES.items()}
 KIND_OF_TOPIC: dict[str, str] = {topic: kind for kind, topic in TOPICS.items()}

@@ -100,4 +100,4 @@ def test_task_key_keeps_a_tasks_events_together():
         raw_generation="g",
     )
     assert task.key == "t1"
-    assert set(EVENT_TYPES) == {"task", "rollout", "reward", "batch", "checkpoint", "restart"}
+    assert set(EVENT_TYPES) == {"task", "rollout", "reward", "batch", "checkpoint", "restart", "reassign"}

@@ -100,6 +100,76 @@ def test_held_offsets_commit_below_the_first_message_whose_work_is_pending():
     assert held.to_commit() == {}
 
 
+@pytest.mark.integration
+def test_a_reward_worker_sends_again_a_task_whose_group_stays_incomplete_and_records_it(broker, lake, runner):
+    """A task whose fourth rollout never comes: after reassign_after_s the reward worker sends the task again and
+    publishes a TaskReassigned; the rollout made for the re-sent task completes the group, which is scored once; the
+    lake holds the task once, the record, and `genenv audit task` shows it."""
+    import random
+    import threading
+
+    from engine.coevolution import GeneratedTask, Simulator, load_config
+    from engine.domains import get_domain
+    from engine.lineage import audit_task
+    from engine.workers import RewardWorker
+    from lake import ingest
+    from streams import EventProducer, RolloutCompleted, assigned_consumer, decode
+
+    config = load_config("quick", None, ["reassign_after_s=1"])
+    run_id = "reassign"
+    request, text, parsed = get_domain(config.domain).seeds(random.Random(0), 1)[0]
+    task = Simulator(config, get_domain(config.domain), run_id).event(
+        GeneratedTask(f"{run_id}-e0-t0", f"{run_id}-e0-b0", request.prompt, text, parsed, "1", 0, [])
+    )
+    rollouts = [
+        RolloutCompleted(
+            run_id=run_id,
+            epoch=0,
+            rollout_id=f"{task.task_id}-r{i}",
+            task_id=task.task_id,
+            group_index=i,
+            agent_model_version="1",
+            prompt="p",
+            completion=str(i),
+        )
+        for i in range(config.group_size)
+    ]
+    producer = EventProducer(broker.bootstrap)
+    producer.publish([task, *rollouts[:-1]])
+
+    def wait_for(topic: str, kind: str, timeout_s: float = 60) -> list:
+        consumer = assigned_consumer(broker.bootstrap, [topic])
+        deadline, found = time.monotonic() + timeout_s, []
+        while not found and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                events = [e for e in (decode(r.value) for r in records) if e.KIND == kind]
+                found += [e for e in events if task.task_id in (e.task_ids if kind == "batch" else [e.task_id])]
+        consumer.close()
+        assert found, f"no {kind} event of the task on {topic}"
+        return found
+
+    worker = RewardWorker(config, lake, broker.bootstrap, run_id)
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, args=(stop.is_set,))
+    thread.start()
+    try:
+        reassigned = wait_for("genenv.reassignments", "reassign")
+        assert (reassigned[0].reassignment, reassigned[0].rollouts_missing) == (1, 1)
+        assert len(wait_for("genenv.tasks", "task")) >= 2, "the task is sent again for its rollouts"
+        producer.publish(rollouts[-1:])  # what a rollout worker makes for the re-sent task
+        wait_for("genenv.batches", "batch")
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+        producer.close()
+    ingest(lake, broker.bootstrap, idle_exit_s=1.5, runner=runner)
+    assert read_table(lake, silver("task"))["task_id"].to_list() == [task.task_id]
+    assert read_table(lake, silver("reward")).height == config.group_size
+    record = audit_task(lake, task.task_id)
+    assert record["reassignments"] and record["reassignments"][0]["rollouts_missing"] == 1
+    assert record["reassignments"][0]["held_s"] >= 1
+
+
 def workers(run: subprocess.Popen, role: str) -> list[psutil.Process]:
     """The run's live worker processes of a role (`genenv worker ROLE`, or `genenv ingest`)."""
     found = []

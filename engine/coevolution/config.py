@@ -87,6 +87,10 @@ class RunConfig:
     max_model_len: int = 4096  # vLLM: the longest prompt and answer an engine serves (0: the model's whole context)
     rollout_workers: int = 1  # async: rollout worker processes (one consumer group shares the tasks)
     reward_workers: int = 1  # async: reward worker processes
+    # async: a reward worker sends a task again (TaskReassigned records it) when its group is still incomplete this
+    # long after the task came: a rollout worker then makes the rollouts the lake lacks. Kafka already moves a task
+    # from a rollout worker that stops polling (max.poll.interval.ms, 300 s); this is for work lost on the way.
+    reassign_after_s: float = 600.0
     # Task granularity: with 10 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
     # G = 8 a task's p_hat is a multiple of 0.125, and k = 0.25 keeps those solved 2 to 6 times in 8.
     curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(granularity="task", k=0.25))
@@ -170,6 +174,8 @@ class RunConfig:
             raise ValueError(f"final_bfcl_items must be >= 0, got {self.final_bfcl_items}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.reassign_after_s <= 0:
+            raise ValueError(f"reassign_after_s must be > 0 (seconds), got {self.reassign_after_s}")
         if self.backend not in ("transformers", "vllm", "vllm-server"):
             raise ValueError(f"backend must be transformers, vllm or vllm-server, got {self.backend!r}")
         self.precision.check()

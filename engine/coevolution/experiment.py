@@ -18,18 +18,13 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-import matplotlib
+from lake import Lake
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from lake import Lake  # noqa: E402
-
-from .config import MODES, RunConfig  # noqa: E402
-from .stats import finite as _finite  # noqa: E402
+from .config import MODES, RunConfig
+from .stats import finite as _finite
 from .stats import interval
-from .sync import CoEvolution, EpochMetrics  # noqa: E402
-from .writer import LakeWriter  # noqa: E402
+from .sync import CoEvolution, EpochMetrics
+from .writer import LakeWriter
 
 
 def run_ablation(
@@ -181,7 +176,12 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
         ("groups in band", lambda r: r["in_band"], 0),
         ("selection bias (levels)", lambda r: r["selection_bias"], 0),
     )
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    # A Figure without pyplot: no backend to choose, nothing global to close. Imported here, as only the ablation
+    # draws and every worker process imports this package.
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 3.6))
+    axes = fig.subplots(1, 3)
     for ax, (title, series, first) in zip(axes, panels):
         for mode, runs in results.items():
             if not runs:
@@ -197,4 +197,3 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -6,7 +6,6 @@ import math
 import statistics
 
 import numpy as np
-from scipy.stats import bootstrap
 
 
 def finite(values) -> list[float]:
@@ -21,6 +20,10 @@ def interval(values, resamples: int = 2000) -> dict:
     mean = statistics.fmean(kept)
     if len(kept) < 2 or max(kept) == min(kept):
         return {"n": len(kept), "mean": mean, "low": mean, "high": mean}
+    # Imported here: scipy.stats takes about a second to import, and every worker process imports this module but
+    # only reports call it.
+    from scipy.stats import bootstrap
+
     ci = bootstrap(
         (np.array(kept),),
         np.mean,

@@ -35,6 +35,12 @@ def scan(lake: Lake, table: str) -> pl.LazyFrame:
     return lake.scan(table)
 
 
+def reassignments(lake: Lake, which: pl.Expr) -> pl.DataFrame:
+    """The TaskReassigned rows that `which` selects (none in a lake written before that kind existed)."""
+    table = silver("reassign")
+    return scan(lake, table).filter(which).collect() if lake.exists(table) else pl.DataFrame()
+
+
 def latest_run(lake: Lake) -> str:
     """The run whose newest task event is the newest in the lake."""
     newest = scan(lake, silver("task")).sort("kafka_timestamp").select(pl.col("run_id").last()).collect()
@@ -188,6 +194,12 @@ def audit_task(lake: Lake, task_id: str) -> dict:
         ],
         "pools": pools,
         "checkpoints": _checkpoints_fed(lake, run_id, pools, t["valid"], batch),
+        "reassignments": [
+            {k: r[k] for k in ("reassignment", "producer", "held_s", "rollouts_missing")}
+            for r in sorted(
+                reassignments(lake, pl.col("task_id") == task_id).iter_rows(named=True), key=lambda r: r["reassignment"]
+            )
+        ],
         "quarantined": quarantined,
     }
 
@@ -319,6 +331,7 @@ def audit_epoch(lake: Lake, epoch: int, run_id: str | None = None) -> dict:
             {"worker": r["worker"], "role": r["role"], "exit_code": r["exit_code"], "restart": r["restart"]}
             for r in scan(lake, silver("restart")).filter(of_epoch).collect().sort("produced_at").iter_rows(named=True)
         ],
+        "tasks_reassigned": len({r["task_id"] for r in reassignments(lake, of_epoch).iter_rows(named=True)}),
     }
 
 

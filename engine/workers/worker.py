@@ -40,7 +40,7 @@ from kafka import ConsumerRebalanceListener, TopicPartition
 from kafka.errors import CommitFailedError, KafkaError
 
 from lake import Lake, RunRows, StorageError
-from streams import EventProducer, HeldOffsets, decode, ensure_topics, group_consumer
+from streams import EventProducer, HeldOffsets, TaskGenerated, TaskReassigned, decode, ensure_topics, group_consumer
 from trainers import TrainError, latest_version, manifest
 from trainers.update import POOL_OF, new_rows
 
@@ -268,18 +268,23 @@ class RolloutWorker(Worker):
 
 @dataclasses.dataclass
 class PendingGroups:
-    """What a reward worker holds between polls: the tasks of its partitions whose groups are not complete, their
-    rollouts' successes so far, the rollouts whose task has not come yet, and the tasks it has scored. A task
-    leaves it whole (`finish`), or with its partition (`forget`)."""
+    """What a reward worker holds between polls: the tasks of its partitions whose groups are not complete (with
+    their events, and since when they wait), their rollouts' successes so far, the rollouts whose task has not come
+    yet, and the tasks it has scored. A task leaves it whole (`finish`), or with its partition (`forget`)."""
 
     tasks: dict[str, GeneratedTask] = dataclasses.field(default_factory=dict)
+    events: dict[str, TaskGenerated] = dataclasses.field(default_factory=dict)  # task id -> the event it came in
     partition: dict[str, int] = dataclasses.field(default_factory=dict)  # task id -> partition (same in both topics)
     successes: dict[str, dict[str, bool]] = dataclasses.field(default_factory=dict)  # task id -> rollout id -> success
+    waiting_since: dict[str, float] = dataclasses.field(default_factory=dict)  # task id -> came, or last re-sent
+    reassigned: dict[str, int] = dataclasses.field(default_factory=dict)  # task id -> times re-sent
     early: list = dataclasses.field(default_factory=list)  # (message, rollout) whose task has not come yet
     scored: set[str] = dataclasses.field(default_factory=set)
 
-    def add_task(self, task: GeneratedTask, partition: int) -> None:
-        self.tasks.setdefault(task.task_id, task)  # a task written again after a restart: the first counts
+    def add_task(self, task: GeneratedTask, event: TaskGenerated, partition: int, now: float) -> None:
+        if task.task_id not in self.tasks:  # a task written again (a restart, a re-assignment): the first counts
+            self.tasks[task.task_id], self.events[task.task_id] = task, event
+            self.waiting_since[task.task_id] = now
         self.partition[task.task_id] = partition
 
     def add_rollout(self, message, rollout) -> None:
@@ -307,17 +312,29 @@ class PendingGroups:
         """The tasks whose every rollout is scored, with their successes."""
         return [(self.tasks[t], list(done.values())) for t, done in self.successes.items() if len(done) >= group_size]
 
+    def overdue(self, limit_s: float, now: float) -> list[str]:
+        """The tasks whose group has waited more than limit_s since the task came (or was last re-sent)."""
+        return [task_id for task_id, since in self.waiting_since.items() if now - since > limit_s]
+
+    def reassign(self, task_id: str, now: float) -> int:
+        """Count a re-sending of the task (the clock starts again); its number, 1 for the first."""
+        self.waiting_since[task_id] = now
+        self.reassigned[task_id] = self.reassigned.get(task_id, 0) + 1
+        return self.reassigned[task_id]
+
     def finish(self, task_id: str) -> None:
         self.scored.add(task_id)
-        for table in (self.tasks, self.partition, self.successes):
-            table.pop(task_id, None)
+        self._drop(task_id)
 
     def forget(self, partitions: set[int]) -> None:
         """Drop what came from partitions taken away (their new owner reads it again)."""
         for task_id in [t for t, p in self.partition.items() if p in partitions]:
-            for table in (self.tasks, self.partition, self.successes):
-                table.pop(task_id, None)
+            self._drop(task_id)
         self.early = [(m, r) for m, r in self.early if m.partition not in partitions]
+
+    def _drop(self, task_id: str) -> None:
+        for table in (self.tasks, self.events, self.partition, self.successes, self.waiting_since, self.reassigned):
+            table.pop(task_id, None)
 
     def waiting_task_ids(self) -> set[str]:
         """The tasks that early rollouts wait for."""
@@ -330,7 +347,10 @@ class PendingGroups:
 
 class RewardWorker(Worker):
     """Scores every rollout of its partitions, and each task with the curriculum once its group is complete. A
-    task's message and its rollouts' are held (not committed) until then: streams/offsets.py."""
+    task's message and its rollouts' are held (not committed) until then: streams/offsets.py. A task whose group is
+    still incomplete `reassign_after_s` after it came is sent again to genenv.tasks, so that a rollout worker makes
+    the rollouts the lake lacks (rollout ids are the task's and the group index: what was made before is not made
+    twice), and a TaskReassigned event records it; the clock then starts again."""
 
     role = "reward"
     topics = ("genenv.tasks", "genenv.rollouts")
@@ -382,9 +402,11 @@ class RewardWorker(Worker):
                 self.finished(task.task_id)
             if out:
                 self.publish(out)
-            if self.pending.early and time.monotonic() - looked > IDLE_S:
+            if time.monotonic() - looked > IDLE_S:
                 looked = time.monotonic()
-                self.drop_scored_elsewhere()
+                if self.pending.early:
+                    self.drop_scored_elsewhere()
+                self.reassign_overdue()
             offsets = self.held.to_commit()
             if offsets:
                 self.commit(offsets)
@@ -400,7 +422,7 @@ class RewardWorker(Worker):
             if isinstance(task.parsed, Invalid):  # no rollouts will come for it
                 self.held.seen(message)
                 return
-            self.pending.add_task(task, message.partition)
+            self.pending.add_task(task, event, message.partition, time.monotonic())
         else:
             self.pending.add_rollout(message, event)
         self.held.hold(message, event.task_id)
@@ -408,6 +430,30 @@ class RewardWorker(Worker):
     def finished(self, task_id: str) -> None:
         self.pending.finish(task_id)
         self.held.release(task_id)
+
+    def reassign_overdue(self) -> None:
+        """Send again the tasks held past reassign_after_s with their group incomplete, each with its record."""
+        now = time.monotonic()
+        events = []
+        for task_id in self.pending.overdue(self.config.reassign_after_s, now):
+            held_s = now - self.pending.waiting_since[task_id]
+            task = self.pending.events[task_id]
+            missing = self.config.group_size - len(self.pending.successes.get(task_id, {}))
+            events += [
+                task,
+                TaskReassigned(
+                    run_id=self.run_id,
+                    epoch=task.epoch,
+                    task_id=task_id,
+                    rollouts_missing=missing,
+                    held_s=round(held_s, 3),
+                    reassignment=self.pending.reassign(task_id, now),
+                    producer=self.name,
+                ),
+            ]
+            self.say(f"reward: task {task_id} held {held_s:.0f}s with {missing} rollouts missing: sent again")
+        if events:
+            self.publish(events)
 
     def drop_scored_elsewhere(self) -> None:
         """Rollouts whose task never comes: repeats of rollouts of a task scored before this worker started (its
