@@ -1,9 +1,10 @@
 """Delta Lake: tables, exactly-once ingest, Great Expectations suites, pools, snapshots, rebuilds from bronze,
-a run's rows, and the checkpoint registry's rules; a lake on a local disk or in an s3:// bucket."""
+a run's rows, the checkpoint registry's rules, compaction and vacuum; a lake on a local disk or in an s3:// bucket."""
 
 from .expectations import LATE_CHECK, late_only
 from .ingest import CommitRecord, IngestConfig, Ingestor, IngestStats, ingest, lag
 from .lease import LeaseHeld
+from .maintenance import MIN_RETAIN_HOURS, RETAIN_HOURS, vacuum
 from .rebuild import rebuild_to, record_at
 from .registry import (
     WEIGHTS,
@@ -24,6 +25,7 @@ from .tables import (
     CHECKPOINTS,
     D_ENV,
     D_TRAIN,
+    DERIVED_TABLES,
     EVAL_ITEMS,
     EVAL_RESULTS,
     POOLS,
@@ -39,11 +41,14 @@ from .tables import (
 
 __all__ = [
     "LATE_CHECK",
+    "MIN_RETAIN_HOURS",
+    "RETAIN_HOURS",
     "CHECKPOINTS",
     "D_ENV",
     "WEIGHTS",
     "WEIGHTS_MANIFEST",
     "D_TRAIN",
+    "DERIVED_TABLES",
     "EVAL_ITEMS",
     "EVAL_RESULTS",
     "POOLS",
@@ -83,5 +88,6 @@ __all__ = [
     "write_weights_manifest",
     "status",
     "storage_options",
+    "vacuum",
     "versions",
 ]

@@ -20,7 +20,8 @@ Invariants (the kafka-delta-ingest way, extended to the derived tables):
 4. The refine state is derived from the tables at that point (RefineState.load).
 5. Every `compact_every` steps the tables grown past many small files are compacted (lake/maintenance.py), and
    the derived tables' new versions are named by a commit record of their own (a "maintenance" row), so 3 keeps
-   them.
+   them; at most once an hour, the files older than `retain_hours` that no version a replay or a restart needs
+   reads are vacuumed.
 
 So every record Kafka offers lands once in bronze and once in exactly one of
 silver/<kind> or silver/quarantine (or, a second copy of an event that landed with
@@ -52,7 +53,15 @@ from streams.events import EVENT_TYPES, TOPICS, content_digest, decode, field_ty
 from streams.kafka import ALL_TOPICS, assigned_consumer, cluster_id, ensure_topics, partitions_of
 
 from .lease import LEASES, TTL_S, Lease
-from .maintenance import COMPACT_FILES, compact, maintenance_row
+from .maintenance import (
+    COMPACT_FILES,
+    RETAIN_HOURS,
+    VACUUM_EVERY_S,
+    compact,
+    maintenance_row,
+    rows_changed_since,
+    vacuum,
+)
 from .refine import RawRecord, RefineOutput, Refiner, RefineState, Watermark, bronze_record, refined
 from .tables import BRONZE_SCHEMA, DERIVED_TABLES, SCHEMAS, VALIDATIONS, Lake, LakeError, bronze, silver
 
@@ -79,6 +88,9 @@ class IngestConfig:
     # (lake/maintenance.py): reads then stay flat as a long run's history grows. 0: never.
     compact_every: int = 100
     compact_files: int = COMPACT_FILES
+    # With compaction, at most once an hour: delete the files that left the tables more than this long ago, except
+    # those of every version a replay or a restart reads (lake/maintenance.py). 0: never.
+    retain_hours: float = RETAIN_HOURS
 
 
 @dataclass
@@ -185,6 +197,7 @@ class Ingestor:
         self.record: CommitRecord | None = None
         self.lease: Lease | None = None
         self.steps_since_compaction = 0
+        self.vacuumed_at = time.monotonic()  # the first vacuum an hour into ingesting: a short run keeps every file
 
     # -- start ----------------------------------------------------------------------------------
     def start(self) -> Ingestor:
@@ -214,7 +227,7 @@ class Ingestor:
         record = CommitRecord.read(self.lake)
         for name in DERIVED_TABLES:
             expected = record.versions.get(name, 0)
-            if self.lake.version(name) > expected:
+            if rows_changed_since(self.lake, name, expected):
                 log.warning("restoring %s to version %d (a refine step did not complete)", name, expected)
                 self.lake.restore(name, expected)
         self.record = record
@@ -310,6 +323,9 @@ class Ingestor:
         alive = self.lease.kept_alive() if self.lease is not None else contextlib.nullcontext()
         with alive, self.stats.timed("compact"):
             done = compact(self.lake, tables, self.config.compact_files)
+            if self.config.retain_hours and time.monotonic() - self.vacuumed_at > VACUUM_EVERY_S:
+                self.vacuumed_at = time.monotonic()
+                vacuum(self.lake, tables, self.config.retain_hours, self.record.versions)
         derived = {name: d for name, d in done.items() if name in DERIVED_TABLES}
         if not derived:
             return

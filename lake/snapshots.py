@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 import polars as pl
 
 from .ingest import COMMIT_RECORD_KEY
+from .maintenance import VACUUM
 from .tables import CHANGE_FEED, POOLS, QUARANTINE, SCHEMAS, Lake, LakeError
 
 
@@ -46,8 +47,10 @@ def rows_appended(lake: Lake, table: str, since: int, version: int) -> pl.DataFr
     """The rows appended to `table` after version `since`, up to `version`, read from Delta's change data feed:
     the files those appends added, not the whole table twice, so a trainer's read costs what is new, however long
     the pool's history. None where the feed cannot say it: a table created without the feed (a lake from before
-    it), or a commit in the range that did more than append or compact (a restore: its re-added files would read
-    as new). Compaction's rewritten files are not changes (dataChange false), so it never repeats a row."""
+    it), a commit in the range that did more than append or compact (a restore: its re-added files would read
+    as new), or appends whose files a vacuum deleted since (it keeps the versions checkpoints read, not the commits
+    between them: lake/maintenance.py). Compaction's rewritten files are not changes (dataChange false), so it
+    never repeats a row."""
     if since >= version:
         return lake.scan(table, version=version).head(0).collect()
     dt = lake.table(table)
@@ -55,6 +58,8 @@ def rows_appended(lake: Lake, table: str, since: int, version: int) -> pl.DataFr
         return None
     commits = dt.history(limit=dt.version() - since)
     if any(c.get("operation") not in APPENDS_ONLY for c in commits if since < c["version"] <= version):
+        return None
+    if any(c.get("operation") in VACUUM for c in commits if c["version"] > since):
         return None
     changes = pl.DataFrame(dt.load_cdf(starting_version=since + 1, ending_version=version).read_all())
     schema = lake.scan(table, version=version).collect_schema()

@@ -123,6 +123,14 @@ BAD_INVOCATIONS = {  # name: (arguments, what the one line says); LAKE is a path
         ["run", "--profile", "quick", "--lake", "LAKE", "--set", "curriculum.k=nan"],
         "curriculum.k=nan: expected a finite number",
     ),
+    "vacuum_retention_under_an_hour": (
+        ["lake", "vacuum", "--lake", "LAKE", "--retain-hours", "0.5"],
+        "--retain-hours must be at least 1",
+    ),
+    "ingest_retention_under_an_hour": (
+        ["ingest", "--lake", "LAKE", "--retain-hours", "0.5"],
+        "--retain-hours must be 0 or at least 1",
+    ),
     "plan_cannot_fit": (
         ["run", "--profile", "quick", "--lake", "LAKE", "--set", "agent.per_device_train_batch_size=100000000"],
         "memory plan: does not fit",

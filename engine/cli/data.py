@@ -1,4 +1,4 @@
-"""The data plane's commands: a local broker, the ingestor, and the lake's status, versions and pruning."""
+"""The data plane's commands: a local broker, the ingestor, and the lake's status, versions, pruning and vacuum."""
 
 from __future__ import annotations
 
@@ -8,12 +8,21 @@ from typing import Annotated
 import typer
 
 from engine.supervised import supervisor_gone
-from lake import IngestConfig, Lake, check_lake_root, quarantine_by_reason, status, versions
+from lake import (
+    MIN_RETAIN_HOURS,
+    RETAIN_HOURS,
+    IngestConfig,
+    Lake,
+    check_lake_root,
+    quarantine_by_reason,
+    status,
+    versions,
+)
 from lake import ingest as run_ingest
 from streams import BOOTSTRAP_ENV, LocalBroker, ensure_topics, kafka_bootstrap
 
 from .app import app, lake_app
-from .options import BootstrapOpt, LakeOpt, check_non_negative, check_port, check_positive
+from .options import BootstrapOpt, LakeOpt, UserError, check_non_negative, check_port, check_positive
 from .render import console, table
 
 
@@ -48,6 +57,13 @@ def ingest(
     lease_ttl: Annotated[
         float, typer.Option(help="Seconds after which a dead ingestor's lease lapses (it renews every third of that).")
     ] = 30.0,
+    retain_hours: Annotated[
+        float,
+        typer.Option(
+            help="Hourly, delete files that left the tables this long ago, but never those of a version a replay "
+            "or a restart reads (0: never, else at least 1)."
+        ),
+    ] = RETAIN_HOURS,
 ) -> None:
     """Consume the genenv topics into the lake exactly once: bronze, validated silver, quarantine, gold pools.
     One ingestor per lake: a second one stops at start, naming the one that holds the lake's lease."""
@@ -55,6 +71,7 @@ def ingest(
         max_batch_records=max_batch_records, max_batch_ms=max_batch_ms, partitions=partitions, lease_ttl=lease_ttl
     )
     check_non_negative(max_wait=max_wait, idle_exit=idle_exit)
+    check_retention(retain_hours, allow_zero=True)
     check_lake_root(lake)
     config = IngestConfig(
         max_batch_records=max_batch_records,
@@ -62,6 +79,7 @@ def ingest(
         max_wait_s=max_wait,
         partitions=partitions,
         lease_ttl_s=lease_ttl,
+        retain_hours=retain_hours,
     )
     with kafka_bootstrap(bootstrap) as servers, console.status("ingesting") as spinner:
         lake_ = Lake(lake)  # created once the broker answers: a bad invocation leaves nothing behind
@@ -99,6 +117,38 @@ def lake_prune(
         console.print(table(title, ("version", "folder", "why"), rows))
         if apply:
             apply_retention(lake_, plan)
+
+
+@lake_app.command("vacuum")
+def lake_vacuum(
+    lake: LakeOpt = "genenv-lake",
+    retain_hours: Annotated[
+        float, typer.Option(help="Keep files that left the tables less than this long ago (at least 1).")
+    ] = RETAIN_HOURS,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Delete the files; without it, only count what would go.")
+    ] = False,
+) -> None:
+    """Delete the files no version still needed reads: older than --retain-hours, and read by no pool version a
+    registered checkpoint trained on (so `genenv replay` and `genenv audit` keep working). The ingestor does the
+    same hourly; run this on a lake no ingestor is writing."""
+    from lake import DERIVED_TABLES, CommitRecord, bronze, vacuum
+    from streams import ALL_TOPICS
+
+    check_retention(retain_hours)
+    lake_ = Lake(lake, create=False)
+    tables = [bronze(topic) for topic in ALL_TOPICS] + list(DERIVED_TABLES)
+    done = vacuum(lake_, tables, retain_hours, CommitRecord.read(lake_).versions, apply=apply)
+    gone = "deleted" if apply else "would be deleted"
+    rows = [(name, f"{files:,}") for name, files in done.items() if files]
+    title = f"files {gone} (older than {retain_hours:g} h, read by no version a replay needs)"
+    console.print(table(title, ("table", "files"), rows, numbers=1) if rows else f"no file to delete in {lake_.root}")
+
+
+def check_retention(hours: float, allow_zero: bool = False) -> None:
+    if not (hours >= MIN_RETAIN_HOURS or (allow_zero and hours == 0)) or hours == float("inf"):
+        least = f"0 or at least {MIN_RETAIN_HOURS:g}" if allow_zero else f"at least {MIN_RETAIN_HOURS:g}"
+        raise UserError(f"--retain-hours must be {least} (an update in flight reads a recent version), got {hours}")
 
 
 @lake_app.command("status")
