@@ -23,10 +23,12 @@ import typing
 from collections import Counter
 from dataclasses import dataclass, field
 
-import pandas as pd
 import polars as pl
 
 from streams.events import EVENT_TYPES, Event, field_types
+
+if typing.TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +159,8 @@ class SuiteRunner:
     @staticmethod
     def frame(kind: str, events: list[Event]) -> pd.DataFrame:
         """A typed frame of the events' scalar fields (decoded events: every value has its field's type)."""
+        import pandas as pd  # here, as GX is: of the processes that import the lake, only the ingestor validates
+
         columns = scalar_columns(kind)
         frame = pd.DataFrame(
             {name: pd.Series([getattr(e, name) for e in events], dtype=dtype) for name, dtype in columns.items()}
