@@ -108,11 +108,5 @@ def vacuum(
     for name in tables:
         if not lake.exists(name):
             continue
-        files = lake.delta(name).vacuum(
-            retention_hours=math.ceil(retain_hours),
-            dry_run=not apply,
-            enforce_retention_duration=False,  # the table's own minimum (a week) would refuse a user's shorter one
-            keep_versions=sorted(keep.get(name, ())) or None,
-        )
-        done[name] = len(files)
+        done[name] = len(lake.vacuum(name, math.ceil(retain_hours), sorted(keep.get(name, ())), apply))
     return done

@@ -346,6 +346,17 @@ class Lake:
         metrics = table.optimize.compact()
         return table.version(), int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"])
 
+    def vacuum(self, name: str, retention_hours: int, keep_versions: list[int], apply: bool) -> list[str]:
+        """Delete (apply) or list the files the newest version does not read, that left more than retention_hours
+        ago and that none of keep_versions reads (delta-rs' vacuum; its commits change no row)."""
+        self._writers.pop(name, None)  # the next append opens the table after the vacuum's commits
+        return self.delta(name).vacuum(
+            retention_hours=retention_hours,
+            dry_run=not apply,
+            enforce_retention_duration=False,  # the table's own minimum (a week) would refuse a user's shorter one
+            keep_versions=keep_versions or None,
+        )
+
     def data_files(self, name: str) -> int:
         """How many data files the table's newest version reads."""
         return len(self.delta(name).file_uris())
