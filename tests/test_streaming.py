@@ -6,6 +6,7 @@ Real broker (the local Tansu), real Delta lake, real GX suites, tiny real models
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -186,12 +187,15 @@ def workers(run: subprocess.Popen, role: str) -> list[psutil.Process]:
 
 
 @pytest.mark.e2e
-def test_two_workers_of_each_role_share_the_work_once_and_killed_ones_are_restarted(tmp_path):
-    """An async quick run with two rollout and two reward workers (one consumer group a role); the workers of each
-    role are SIGKILLed in turn during it: the supervisor restarts them, the run succeeds, both rollout workers did
-    work, each restart is in the lake and in the epoch's audit, and no task lacks or repeats any work. seeds-only with
-    16 tasks an epoch, so that every round has tasks on every partition (the tiny simulator's own tasks are mostly
-    invalid: with 4 of them one worker may get them all)."""
+def test_workers_share_the_work_killed_ones_restart_and_a_run_whose_broker_dies_is_resumed_from_the_lake(tmp_path):
+    """An async quick run with two rollout and two reward workers (one consumer group a role). The workers of each
+    role are SIGKILLed in turn: the supervisor restarts them, and each restart lands in the lake. Then its embedded
+    broker is SIGKILLed: the run stops with one line saying how to resume (no Kafka ERROR lines), and `genenv run
+    --async --resume` (a fresh broker) completes it. Both rollout workers did work, no task lacks or repeats any
+    work, the restarts are in their epoch's audit and every task's audit is whole. seeds-only with 16 tasks an
+    epoch, so that every round has tasks on every partition (the tiny simulator's own tasks are mostly invalid:
+    with 4 of them one worker may get them all). One run for both stories: an async run's start is most of
+    either's time."""
     root = tmp_path / "lake"
     background = Background(
         tmp_path,
@@ -204,7 +208,7 @@ def test_two_workers_of_each_role_share_the_work_once_and_killed_ones_are_restar
         "--seed",
         "3",
         "--epochs",
-        "3",
+        "4",  # the broker dies after the kills: the resume still has rounds to do
         *SEEDS_ONLY,
         "--set",
         "tasks_per_epoch=16",
@@ -224,12 +228,38 @@ def test_two_workers_of_each_role_share_the_work_once_and_killed_ones_are_restar
             for process in workers(run, role):
                 os.kill(process.pid, signal.SIGKILL)
                 killed.append(role)
-        out, err = background.finish(timeout=900)
+        assert {"rollout", "reward", "ingest", "train-agent"} <= set(killed), (killed, background.output())
+        # The restarts are events: the broker dies once the lake holds them (a dead broker's log is lost).
+        deadline, restarted = time.monotonic() + 120, set()
+        while time.monotonic() < deadline and run.poll() is None and not set(killed) <= restarted:
+            time.sleep(1)
+            with contextlib.suppress(Exception):  # the table may not exist yet
+                restarted = set(read_table(Lake(root, create=False), silver("restart"))["role"])
+        assert run.poll() is None, "the run should still be going when its broker dies: " + background.output()[0]
+        assert set(killed) <= restarted, (killed, restarted)
+        brokers = [p for p in psutil.Process(run.pid).children(recursive=True) if "tansu" in (p.name() or "")]
+        assert brokers, "the run should have an embedded broker"
+        for broker_process in brokers:
+            broker_process.kill()
+        out, err = background.finish(timeout=600)
     finally:
         if run.poll() is None:
             run.kill()
-    assert run.returncode == 0, out[-3000:] + err[-3000:]
-    assert {"rollout", "reward", "ingest", "train-agent"} <= set(killed), (killed, out[-2000:])
+    assert run.returncode == 1, out[-2000:] + err[-2000:]
+    line = [text for text in err.splitlines() if "--resume" in text]
+    assert line and "stopped answering" in line[0], err[-2000:]
+    assert not [text for text in err.splitlines() if " kafka" in text and "ERROR" in text], err[-2000:]
+    run_id = line[0].split("--resume ")[1].split()[0]
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "run", "--async", "--resume", run_id, "--lake", str(root)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"resuming run {run_id}" in resumed.stdout
     lake = Lake(root, create=False)
     assert_whole(lake, group_size=4)
     rollouts = of_run(read_table(lake, silver("rollout")))
@@ -242,6 +272,10 @@ def test_two_workers_of_each_role_share_the_work_once_and_killed_ones_are_restar
     epoch = int(restarts["epoch"][0])
     audit = genenv_inline("audit", "epoch", str(epoch), "--lake", str(root), "--json")
     assert audit.returncode == 0 and "worker_restarts" in audit.stdout and restarts["worker"][0] in audit.stdout
+    tasks = of_run(read_table(lake, silver("task"))).filter(pl.col("valid"))
+    for task_id in tasks["task_id"].to_list()[:3]:
+        audit = genenv_inline("audit", "task", task_id, "--lake", str(root), "--json")
+        assert audit.returncode == 0 and len(json.loads(audit.stdout)["rollouts"]) == 4, audit.stdout[-2000:]
 
 
 @pytest.mark.integration
@@ -372,67 +406,6 @@ def test_a_second_ingestor_refuses_before_writing_and_takes_over_once_the_owner_
 
 
 @pytest.mark.e2e
-def test_a_run_whose_embedded_broker_dies_is_resumed_from_the_lake(tmp_path):
-    """SIGKILL the run's embedded broker once the lake holds some of its rollouts: the run stops with one line
-    saying how to resume; `genenv run --async --resume` (a fresh broker) completes it, nothing is duplicated and
-    every task's audit is whole."""
-    root = tmp_path / "lake"
-    background = Background(
-        tmp_path,
-        "run",
-        "--profile",
-        "quick",
-        "--async",
-        "--lake",
-        str(root),
-        "--seed",
-        "4",
-        "--epochs",
-        "2",  # killed when its first rollouts land: the resume still has most of the run to do
-        *SEEDS_ONLY,
-    )
-    run = background.process
-    try:
-        deadline = time.monotonic() + 600
-        landed = 0
-        while time.monotonic() < deadline and run.poll() is None and not landed:
-            time.sleep(1)
-            try:
-                landed = of_run(read_table(Lake(root, create=False), silver("rollout"))).height
-            except Exception:  # noqa: BLE001 (the lake or its tables may not exist yet)
-                landed = 0
-        brokers = [p for p in psutil.Process(run.pid).children(recursive=True) if "tansu" in (p.name() or "")]
-        assert landed and brokers, "the run should have landed rollouts through its embedded broker"
-        for broker_process in brokers:
-            broker_process.kill()
-        out, err = background.finish(timeout=600)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 1, out[-2000:] + err[-2000:]
-    line = [text for text in err.splitlines() if "--resume" in text]
-    assert line and "stopped answering" in line[0], err[-2000:]
-    assert not [text for text in err.splitlines() if " kafka" in text and "ERROR" in text], err[-2000:]
-    run_id = line[0].split("--resume ")[1].split()[0]
-
-    resumed = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "run", "--async", "--resume", run_id, "--lake", str(root)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert f"resuming run {run_id}" in resumed.stdout
-    lake = Lake(root, create=False)
-    assert_whole(lake, group_size=4)
-    tasks = of_run(read_table(lake, silver("task"))).filter(pl.col("valid"))
-    for task_id in tasks["task_id"].to_list()[:3]:
-        audit = genenv_inline("audit", "task", task_id, "--lake", str(root), "--json")
-        assert audit.returncode == 0 and len(json.loads(audit.stdout)["rollouts"]) == 4, audit.stdout[-2000:]
-
-
-@pytest.mark.e2e
 def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
     """SIGKILL a sync run (and its embedded broker) just after its first GRPO checkpoint is registered; `genenv run
     --resume` finishes it: every epoch is in the lake, every valid task has its rollouts and one score, and the
@@ -493,9 +466,9 @@ def test_an_unbounded_async_run_never_trains_on_stale_rollouts_and_stops_cleanly
     """A genenv-mode async run without an epoch limit (every role in its own process, the simulator trained too)
     at agent.max_staleness 0, stopped by SIGTERM after its first GRPO update: it stops with its report and no
     worker left, nothing is duplicated, and each update trained on exactly its fresh rows, recomputed from the
-    lake. (A run that completes its epochs is the resumed one of the dead-broker test. The tiny simulator's tasks
-    are mostly invalid and the rows sampled before an update are stale after it, so a second update can take
-    minutes.)"""
+    lake. (A run that completes its epochs is the resumed one of the workers-and-dead-broker test. The tiny
+    simulator's tasks are mostly invalid and the rows sampled before an update are stale after it, so a second
+    update can take minutes.)"""
     root = tmp_path / "lake"
     background = Background(
         tmp_path,
