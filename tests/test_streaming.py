@@ -55,6 +55,19 @@ class Background:
         return self.output()
 
 
+def resume(root: Path, run_id: str, *flags: str) -> subprocess.CompletedProcess:
+    """`genenv run [FLAGS] --resume RUN_ID --lake ROOT` as a user runs it; it must succeed."""
+    resumed = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "run", *flags, "--resume", run_id, "--lake", str(root)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    return resumed
+
+
 def of_run(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.filter(pl.col("producer") != "warm-start")
 
@@ -251,14 +264,7 @@ def test_workers_share_the_work_killed_ones_restart_and_a_run_whose_broker_dies_
     assert not [text for text in err.splitlines() if " kafka" in text and "ERROR" in text], err[-2000:]
     run_id = line[0].split("--resume ")[1].split()[0]
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "run", "--async", "--resume", run_id, "--lake", str(root)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    resumed = resume(root, run_id, "--async")
     assert f"resuming run {run_id}" in resumed.stdout
     lake = Lake(root, create=False)
     assert_whole(lake, group_size=4)
@@ -445,14 +451,7 @@ def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
         run.wait()
     (config,) = (root / "runs").glob("*.toml")
     run_id = config.stem
-    resumed = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "run", "--resume", run_id, "--lake", str(root)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    resumed = resume(root, run_id)
     assert f"resuming run {run_id} after epoch" in resumed.stdout
     lake = Lake(root, create=False)
     assert_whole(lake, group_size=4)
