@@ -110,8 +110,6 @@ def test_a_quick_bf16_run_an_audit_a_replay_and_a_prune_on_an_s3_lake(s3, tmp_pa
 
     # Replay the epoch (the bf16 warm starts and the GRPO update after them; the quick profile keeps every group,
     # so the epoch has its update): it reproduces every checkpoint the epoch registered, bit for bit.
-    updates = registry.filter((registry["model_kind"] == "agent") & registry["parent_version"].is_not_null())
-    assert updates["epoch"].to_list() == [0]
     replay = genenv_cli(
         "replay",
         "--epoch",
