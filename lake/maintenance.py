@@ -76,10 +76,11 @@ def maintenance_row(seq: int, done: dict[str, dict], now: float) -> dict:
 
 def rows_changed_since(lake: Lake, name: str, version: int) -> bool:
     """Whether the table has a commit after `version` other than a vacuum's (which changes no row)."""
-    latest = lake.version(name)
+    table = lake.delta(name)  # opened once: a restart asks this of every derived table
+    latest = table.version()
     if latest <= version:
         return False
-    commits = lake.delta(name).history(limit=latest - version)
+    commits = table.history(limit=latest - version)
     return any(c.get("operation") not in VACUUM for c in commits if c["version"] > version)
 
 
