@@ -55,7 +55,7 @@ RANGES: dict[str, list[tuple[str, float | None, float | None]]] = {
     "reassign": [("epoch", 0, None), ("rollouts_missing", 1, None), ("held_s", 0.0, None), ("reassignment", 1, None)],
 }
 VALUE_SETS: dict[str, list[tuple[str, list]]] = {
-    "batch": [("granularity", ["batch", "task"])],
+    "batch": [("granularity", ["batch", "task", "level"])],
     "checkpoint": [("model_kind", ["agent", "env"])],
     "restart": [("role", ["simulator", "rollout", "reward", "train-agent", "train-env", "ingest"])],
 }

@@ -18,6 +18,7 @@ from engine.coevolution import (
     CurriculumConfig,
     env_reward,
     in_band,
+    in_band_share,
     load_config,
     recorded_run_config,
     score_groups,
@@ -48,6 +49,23 @@ def test_batch_and_task_granularity_on_hand_computed_groups():
     a, b = score_groups("b0", successes, CurriculumConfig(granularity="task"))
     assert (a.batch_id, a.p_hat, a.env_reward, a.filtered) == ("b0:a", 0.5, 1.0, False)
     assert (b.batch_id, b.p_hat, b.filtered) == ("b0:b", 1.0, True)
+
+
+@pytest.mark.unit
+def test_level_granularity_pools_a_level_and_the_in_band_share_counts_tasks():
+    """Two tasks of level 4, one all right and one all wrong, are each out of the band alone and in it together;
+    a task of no known level is its own group; the share counts tasks, not groups."""
+    successes = {"a": [True] * 4, "b": [False] * 4, "c": [True] * 4, "d": [True, False, False, False]}
+    levels = {"a": 4, "b": 4, "c": 1}
+    config = CurriculumConfig(granularity="level", k=0.25)
+    four, one, own = score_groups("e0", successes, config, levels)
+    assert (four.batch_id, four.task_ids, four.p_hat, four.filtered) == ("e0:level4", ["a", "b"], 0.5, False)
+    assert (one.batch_id, one.p_hat, one.filtered) == ("e0:level1", 1.0, True)
+    assert (own.batch_id, own.p_hat, own.filtered) == ("e0:d", 0.25, False)
+    assert in_band_share([four, one, own]) == pytest.approx(3 / 4)
+    assert in_band_share(score_groups("e0", successes, CurriculumConfig(granularity="task", k=0.25))) == 0.25
+    with pytest.raises(ValueError, match="granularity must be one of batch, task, level"):
+        CurriculumConfig(granularity="epoch").check()
 
 
 # -- the checkers --------------------------------------------------------------------------------------

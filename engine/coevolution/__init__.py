@@ -21,7 +21,7 @@ from .config import (
     recorded_run_config,
     to_toml,
 )
-from .curriculum import CurriculumConfig, GroupScore, env_reward, in_band, score_groups
+from .curriculum import CurriculumConfig, GroupScore, env_reward, in_band, in_band_share, score_groups
 from .experiment import run_ablation
 from .progress import Phase, Say, no_phase
 from .roles import (
@@ -65,6 +65,7 @@ __all__ = [
     "env_reward",
     "generated_task",
     "in_band",
+    "in_band_share",
     "load_config",
     "no_phase",
     "publish_checkpoint",

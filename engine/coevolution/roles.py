@@ -478,13 +478,22 @@ class Scorer:
         producer: str = "reward",
     ) -> list[BatchScored]:
         """The curriculum's score of every batch of `tasks` (task id -> its rollouts' successes), at the run's
-        granularity unless one is given; tasks without rollouts are in no group."""
+        granularity unless one is given; tasks without rollouts are in no group. At level granularity the groups
+        are the levels of all of `tasks` (an epoch's), not of each batch: a batch holds too few tasks a level."""
         curriculum = self.config.curriculum
         if granularity is not None and granularity != curriculum.granularity:
             curriculum = replace(curriculum, granularity=granularity)
+        by_level = curriculum.granularity == "level"
+        feature = getattr(self.domain, "difficulty_feature", "")
+        levels = {
+            t.task_id: t.parsed.difficulty[feature]
+            for t in tasks
+            if isinstance(t.parsed, Task) and feature in t.parsed.difficulty
+        }
         by_batch: dict[str, dict[str, list[bool]]] = {}
         for t in tasks:
-            by_batch.setdefault(t.batch_id, {})[t.task_id] = successes.get(t.task_id, [])
+            group = f"{self.run_id}-e{epoch}" if by_level else t.batch_id
+            by_batch.setdefault(group, {})[t.task_id] = successes.get(t.task_id, [])
         return [
             BatchScored(
                 run_id=self.run_id,
@@ -502,7 +511,7 @@ class Scorer:
                 producer=producer,
             )
             for batch_id, members in by_batch.items()
-            for s in score_groups(batch_id, members, curriculum)
+            for s in score_groups(batch_id, members, curriculum, levels)
         ]
 
 

@@ -49,6 +49,7 @@ from trainers.update import SEED_VERSION
 
 from ..domains import Task, get_domain
 from .config import RunConfig, record_run_config
+from .curriculum import in_band_share
 from .progress import Phase, Say, no_phase
 from .roles import GeneratedTask, Rollouts, Scorer, Simulator, Updater, Validation, generated_task, run_version
 from .stats import interval, paired_gain
@@ -507,7 +508,7 @@ class CoEvolution:
             else float("nan"),
             agent_success=round(statistics.fmean(r.success for r in rewards), 3) if rewards else 0.0,
             batch_p_hats=[round(s.p_hat, 3) for s in scores],
-            in_band_share=round(statistics.fmean(not s.filtered for s in scores), 3) if scores else 0.0,
+            in_band_share=round(in_band_share(scores), 3),
             difficulty=difficulty,
             response_tokens=round(statistics.fmean(len(r.completion_token_ids) for r in rollouts), 2)
             if rollouts
