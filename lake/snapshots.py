@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import polars as pl
+import pyarrow as pa
 
 from .ingest import COMMIT_RECORD_KEY
 from .maintenance import VACUUM
@@ -53,7 +54,7 @@ def rows_appended(lake: Lake, table: str, since: int, version: int) -> pl.DataFr
     never repeats a row."""
     if since >= version:
         return lake.scan(table, version=version).head(0).collect()
-    dt = lake.table(table)
+    dt = lake.latest(table)
     if any(dt.metadata().configuration.get(key) != value for key, value in CHANGE_FEED.items()):
         return None
     commits = dt.history(limit=dt.version() - since)
@@ -62,7 +63,9 @@ def rows_appended(lake: Lake, table: str, since: int, version: int) -> pl.DataFr
     if any(c.get("operation") in VACUUM for c in commits if c["version"] > since):
         return None
     changes = pl.DataFrame(dt.load_cdf(starting_version=since + 1, ending_version=version).read_all())
-    schema = lake.scan(table, version=version).collect_schema()
+    # The table's own schema, from the log already loaded: a scan for it opened the table a second time, which was
+    # most of the read (a column added after `version` comes back null, where the version's scan leaves it out).
+    schema = pl.from_arrow(pa.schema(dt.schema().to_arrow()).empty_table()).schema
     return (
         changes.filter(pl.col("_change_type") == "insert")
         .sort("_commit_version", maintain_order=True)

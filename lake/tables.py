@@ -193,6 +193,10 @@ EVAL_RESULTS = "eval/results"
 EVAL_ITEMS = "eval/items"
 POOLS = {"d_train": D_TRAIN, "d_env": D_ENV}
 CHANGE_FEED = {"delta.enableChangeDataFeed": "true"}  # Delta's change data feed (set when a pool is created)
+# A log checkpoint every 10 commits (delta-rs' default is 100), set when a table is created: opening a table replays
+# the commits since its last checkpoint, so a pool read 95 commits after one took 3x a read just after it
+# (docs/RESULTS.md, "Reads as the history grows"). Not on the lease table, which checkpoints and trims its own log.
+CHECKPOINT_EVERY = {"delta.checkpointInterval": "10"}
 
 SCHEMAS: dict[str, pa.Schema] = {
     **{bronze(topic): BRONZE_SCHEMA for topic in TOPICS.values()},
@@ -248,6 +252,7 @@ class Lake:
     def __init__(self, root: str | Path, create: bool = True):
         self.root = str(root).rstrip("/")
         self._writers: dict[str, DeltaTable] = {}
+        self._readers: dict[str, DeltaTable] = {}
         check_lake_root(self.root)
         self.storage_options = storage_options()
         if "://" not in self.root:
@@ -296,7 +301,11 @@ class Lake:
                         name=name.replace("/", "_"),
                         # the pools record their changes, so a trainer reads only the rows new since it last read
                         # (lake/snapshots.py `rows_appended`)
-                        configuration=CHANGE_FEED if name in POOLS.values() else None,
+                        configuration={
+                            **(CHECKPOINT_EVERY if name != LEASES else {}),
+                            **(CHANGE_FEED if name in POOLS.values() else {}),
+                        }
+                        or None,
                         storage_options=self.storage_options,
                     )
                 else:
@@ -328,6 +337,21 @@ class Lake:
                 raise LakeError(f"{name} has no version {version} (latest is {dt.version()})")
             dt.load_as_version(version)
         return dt
+
+    def latest(self, name: str) -> DeltaTable:
+        """A table's handle at its newest version, kept between calls and brought up to date with only the commits
+        since the last (delta-rs' update_incremental): opening a table anew reads its last log checkpoint, which
+        lists every file the table has had since the last vacuum, so a trainer that asks what is new every update
+        would pay for the whole history each time (docs/RESULTS.md, "Reads as the history grows")."""
+        handle = self._readers.get(name)
+        if handle is None:
+            handle = self._readers[name] = self.table(name)
+            return handle
+        try:
+            handle.update_incremental()
+        except Exception:  # noqa: BLE001 (log entries it needs were cleaned up, the table re-created: open anew)
+            handle = self._readers[name] = self.table(name)
+        return handle
 
     def append(self, name: str, rows: pa.Table, commit_properties=None) -> int:
         """Append rows (cast to the table's schema) and return the new version."""
