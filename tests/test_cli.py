@@ -69,6 +69,14 @@ BAD_INVOCATIONS = {  # name: (arguments, what the one line says); LAKE is a path
         ["experiment", "ablation", "--lake", "LAKE", "--modes", "genenv,nope"],
         "--modes takes some of",
     ),
+    "ablation_jobs_with_bootstrap": (
+        ["experiment", "ablation", "--lake", "LAKE", "--jobs", "2", "--bootstrap", "127.0.0.1:9092"],
+        "--jobs runs each job with a broker of its own",
+    ),
+    "ablation_jobs_past_the_cores": (
+        ["experiment", "ablation", "--lake", "LAKE", "--jobs", "999"],
+        "--jobs must be at most",
+    ),
     "replay_scratch_is_a_file": (["replay", "--epoch", "0", "--lake", "LAKE", "--scratch", "FILE"], "is a file"),
     # This machine has no CUDA (the suite runs on CPU): a run that asks for it stops before any model is loaded.
     "vllm_without_cuda": (

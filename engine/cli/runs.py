@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -189,13 +191,24 @@ def ablation(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     out: Annotated[Path | None, typer.Option(help="Output folder (default: <lake>/reports/ablation-<domain>).")] = None,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            help="Processes that run seeds side by side, each with its own local broker, lake (<lake>/job<i>) and "
+            "share of the cores (each holds its own models: about 6 GB at the default)."
+        ),
+    ] = 1,
 ) -> None:
     """genenv, genenv-random, genenv-static and seeds-only at equal rollout budget: a table and a plot."""
     from engine.coevolution import MODES, check_machine, load_config, run_ablation
     from engine.coevolution.experiment import cell
     from engine.lineage import with_measures
 
-    check_positive(seeds=seeds)
+    check_positive(seeds=seeds, jobs=jobs)
+    if jobs > 1 and bootstrap:
+        raise UserError("--jobs runs each job with a broker of its own; leave --bootstrap out, or take --jobs 1")
+    if jobs > (os.cpu_count() or 1):
+        raise UserError(f"--jobs must be at most this machine's {os.cpu_count()} cores, got {jobs}")
     chosen = MODES if modes is None else tuple(dict.fromkeys(m.strip() for m in modes.split(",") if m.strip()))
     if not chosen or any(m not in MODES for m in chosen):
         raise UserError(f"--modes takes some of {', '.join(MODES)}, got {modes!r}")
@@ -204,12 +217,23 @@ def ablation(
         check_machine(cfg)
     check_output_folder(out, "--out")
     check_lake_root(lake)
-    with kafka_bootstrap(bootstrap) as servers, phases() as phase:
+    # with --jobs each job starts its own broker (engine/coevolution/experiment.py `run_jobs`)
+    broker = kafka_bootstrap(bootstrap) if jobs == 1 else contextlib.nullcontext("")
+    with broker as servers, phases() as phase:
         lake_ = Lake(lake)
         relative = f"reports/ablation-{cfg.domain}"
         folder = out or lake_.files.local(relative)
         result = run_ablation(
-            cfg, seeds, lake_, servers, folder, say=console.print, modes=chosen, phase=phase, measure=with_measures
+            cfg,
+            seeds,
+            lake_,
+            servers,
+            folder,
+            say=console.print,
+            modes=chosen,
+            phase=phase,
+            measure=with_measures,
+            jobs=jobs,
         )
         if out is None and lake_.files.remote:
             lake_.files.upload_folder(relative)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,10 @@ from .sync import CoEvolution, EpochMetrics
 from .writer import LakeWriter
 
 
+def _as_measured(metrics: list[EpochMetrics], lake: Lake, run_id: str) -> list[EpochMetrics]:
+    return metrics
+
+
 def run_ablation(
     base: RunConfig,
     seeds: int,
@@ -36,13 +41,28 @@ def run_ablation(
     say=print,
     modes: tuple[str, ...] = MODES,
     phase=None,
-    measure: Callable[[list[EpochMetrics], Lake, str], list[EpochMetrics]] = lambda m, lake, run_id: m,
+    measure: Callable[[list[EpochMetrics], Lake, str], list[EpochMetrics]] = _as_measured,
+    jobs: int = 1,
 ) -> dict:
     """measure(metrics, lake, run_id): each run's metrics with the curriculum measures filled from the lake
-    (engine.lineage.with_measures; passed in, as the lineage package depends on this one)."""
+    (engine.lineage.with_measures; passed in, as the lineage package depends on this one). With jobs > 1 the seeds
+    run in that many processes side by side (`run_jobs`), and `lake` and `servers` only name where their lakes go."""
     out.mkdir(parents=True, exist_ok=True)
+    if jobs > 1:
+        results = run_jobs(base, seeds, jobs, lake, out, say, modes, measure)
+    else:
+        results = run_seeds(base, range(seeds), lake, servers, out, say, modes, phase, measure)
+    table = summarise(results)
+    (out / "ablation.json").write_text(json.dumps(table, indent=2, allow_nan=False))
+    (out / "ablation.md").write_text(markdown(table, base, seeds))
+    plot(results, out / "ablation.png")
+    return table
+
+
+def run_seeds(base: RunConfig, seeds, lake: Lake, servers: str, out: Path, say, modes, phase, measure) -> dict:
+    """Each seed's runs, one after the other, with runs.json in `out` rewritten after each run."""
     results: dict[str, list[dict]] = {mode: [] for mode in modes}
-    for seed in range(seeds):
+    for seed in seeds:
         start_from, initial = (0, 0), None
         for mode in ("genenv", *[m for m in modes if m != "genenv"]):
             # Every mode of a seed starts from the same warm-started models (the first run's), so the modes
@@ -79,11 +99,61 @@ def run_ablation(
                 }
             )
             (out / "runs.json").write_text(json.dumps(results, indent=2))  # progress survives an interruption
-    table = summarise(results)
-    (out / "ablation.json").write_text(json.dumps(table, indent=2, allow_nan=False))
-    (out / "ablation.md").write_text(markdown(table, base, seeds))
-    plot(results, out / "ablation.png")
-    return table
+    return results
+
+
+def run_jobs(base: RunConfig, seeds: int, jobs: int, lake: Lake, out: Path, say, modes, measure) -> dict:
+    """The seeds dealt round-robin to `jobs` processes that run side by side, each with its own local broker and lake
+    (<lake>/job<i>: a lake has one ingestor, and an ingestor takes every record of its broker's topics), its share
+    of the cores as torch threads, and its runs.json in <out>/job<i>; their runs merged in seed order. (A small
+    model's decoding step keeps two threads of one process only partly busy; two processes of one thread each
+    are the other way to use two cores.)"""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch threads or sockets forked
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    processes = []
+    for job in range(min(jobs, seeds)):
+        args = (base, list(range(job, seeds, jobs)), f"{lake.root}/job{job}", out / f"job{job}", modes, measure)
+        process = context.Process(target=_job, args=(*args, threads, job), name=f"job{job}")
+        process.start()
+        processes.append(process)
+    for process in processes:
+        process.join()
+    failed = [f"{p.name} (exit {p.exitcode})" for p in processes if p.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"ablation {', '.join(failed)} failed; what each finished is in {out}/job<i>/runs.json")
+    results: dict[str, list[dict]] = {mode: [] for mode in modes}
+    for process in processes:
+        for mode, runs in json.loads((out / process.name / "runs.json").read_text()).items():
+            results[mode] += runs
+    for runs in results.values():
+        runs.sort(key=lambda r: r["seed"])
+    (out / "runs.json").write_text(json.dumps(results, indent=2))
+    say(f"[ablation] {seeds} seeds in {len(processes)} jobs: lakes {lake.root}/job<i>")
+    return results
+
+
+def _job(base, seeds, lake_root, out, modes, measure, threads, job) -> None:
+    """One process of `run_jobs`: its seeds through its own broker and lake."""
+    import torch
+
+    from streams import LocalBroker
+
+    torch.set_num_threads(threads)
+    out.mkdir(parents=True, exist_ok=True)
+    with LocalBroker() as broker:
+        run_seeds(
+            base,
+            seeds,
+            Lake(lake_root),
+            broker.bootstrap,
+            out,
+            lambda text: print(f"[job {job}] {text}", flush=True),
+            modes,
+            None,
+            measure,
+        )
 
 
 def _slope(values: list[float]) -> float:
