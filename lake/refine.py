@@ -287,6 +287,7 @@ def d_train_row(rollout: dict, reward: dict) -> dict:
         "completion_token_ids": rollout["completion_token_ids"],
         "behaviour_logprobs": rollout["behaviour_logprobs"],
         "temperature": rollout.get("temperature"),
+        "turns_json": rollout.get("turns_json") or "[]",
         "reward": reward["reward"],
         "success": reward["success"],
         "checker_detail": reward["checker_detail"],

@@ -110,6 +110,7 @@ D_TRAIN_SCHEMA = pa.schema(
         pa.field("completion_token_ids", pa.list_(pa.int64())),
         pa.field("behaviour_logprobs", pa.list_(pa.float64())),
         pa.field("temperature", pa.float64()),  # the sampling temperature (null: not recorded, warm-start answers)
+        pa.field("turns_json", pa.string()),  # a multi-turn rollout's turns (each its own prompt and tokens); "[]"
         pa.field("reward", pa.float64(), nullable=False),
         pa.field("success", pa.bool_(), nullable=False),
         pa.field("checker_detail", pa.string()),

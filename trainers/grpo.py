@@ -23,6 +23,7 @@ produced it: rows 1..max_staleness versions behind are trained so (`off_policy="
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -98,6 +99,14 @@ def staleness_of(version: str, parent_version: int) -> int | None:
         return None
 
 
+def turns_of(rows: pl.DataFrame) -> list[list[dict]]:
+    """Each d_train row's turns (a multi-turn rollout's: engine/coevolution/roles.py `Rollouts.play`); [] for a
+    single-turn row, and for every row of a pool version from before the column."""
+    if "turns_json" not in rows.columns:
+        return [[] for _ in range(rows.height)]
+    return [json.loads(text or "[]") for text in rows["turns_json"].to_list()]
+
+
 def select_rows(rows: pl.DataFrame, parent_version: int, config: GRPOConfig) -> tuple[pl.DataFrame, Counter]:
     """The rows this update may train on, with their staleness; the others counted by why they were left out."""
     dropped: Counter = Counter()
@@ -156,13 +165,32 @@ class GRPOTrainer(Trainer):
         task_ids = rows["task_id"].to_list()
         group_of = {task_id: i for i, task_id in enumerate(dict.fromkeys(task_ids))}
         advantages = group_advantages(rewards, torch.tensor([group_of[t] for t in task_ids]), cfg.scale_rewards)
-        prompts = prompt_token_ids(self.tokenizer, rows["prompt"].to_list())
+        # A multi-turn rollout trains as its turns: each turn's reply is a completion of that turn's own prompt, which
+        # holds what the environment said, so only the agent's tokens are ever in the loss; each turn carries its
+        # trajectory's advantage. A single-turn rollout is one piece, itself.
+        prompts_of, ids_of, logps_of = (
+            rows[c].to_list() for c in ("prompt", "completion_token_ids", "behaviour_logprobs")
+        )
+        pieces = []  # (the rollout's row, prompt text, completion token ids, behaviour log-probabilities)
+        for i, turns in enumerate(turns_of(rows)):
+            if turns:
+                pieces += [(i, t["prompt"], t["token_ids"], t["logprobs"]) for t in turns]
+            else:
+                pieces.append((i, prompts_of[i], ids_of[i], logps_of[i]))
+        task_ids = [task_ids[p[0]] for p in pieces]
+        advantages = advantages[torch.tensor([p[0] for p in pieces], dtype=torch.long)]
+        prompts_text, completions_of, behaviours_of = (
+            [p[1] for p in pieces],
+            [p[2] for p in pieces],
+            [p[3] for p in pieces],
+        )
+        prompts = prompt_token_ids(self.tokenizer, prompts_text)
         order = grouped_order(task_ids, cfg.seed)
         batches = []
         for indices in rank_batches(order, cfg.per_device_train_batch_size, self.rank, self.world):
-            completions = [rows["completion_token_ids"][i].to_list() for i in indices]
+            completions = [list(completions_of[i]) for i in indices]
             tokens = pack_shared([prompts[i] for i in indices], completions, self.tokenizer.pad_token_id)
-            behaviour = _pad([rows["behaviour_logprobs"][i].to_list() for i in indices], tokens.completion_width)
+            behaviour = _pad([list(behaviours_of[i]) for i in indices], tokens.completion_width)
             # As TRL: the ratio's denominator is the policy at the start of the update, recomputed by this model
             # (fixed across the update's passes), and the sampler's own log-probabilities only weight each token by
             # min(pi_old / pi_sampler, cap), the truncated importance-sampling correction. That one weight covers

@@ -42,6 +42,7 @@ from .checkpoints import (
     reserve_version,
     save_checkpoint,
 )
+from .grpo import turns_of
 from .loop import OptimizerState, Progress, merged
 from .models import CPU, LoadedModel, Precision
 from .sft import train_sft
@@ -74,7 +75,11 @@ def warm_start_rows(kind: str, rows: pl.DataFrame) -> pl.DataFrame:
     """The seed rows of a pool (version "seed") as (prompt, text, env_reward): reference answers or seed task texts."""
     if kind == "agent":
         rows = rows.filter(pl.col("agent_model_version") == SEED_VERSION).sort("rollout_id")
-        return rows.select(pl.col("prompt"), pl.col("completion").alias("text"), pl.lit(1.0).alias("env_reward"))
+        pairs = [(t["prompt"], t["completion"]) for turns in turns_of(rows) for t in turns]  # one a turn (multi-turn)
+        single = rows.select(pl.col("prompt"), pl.col("completion").alias("text"))
+        single = single.filter(pl.Series([not turns for turns in turns_of(rows)], dtype=pl.Boolean))
+        turned = pl.DataFrame(pairs, schema={"prompt": pl.String, "text": pl.String}, orient="row")
+        return pl.concat([single, turned]).with_columns(pl.lit(1.0).alias("env_reward"))
     rows = rows.filter(pl.col("env_model_version") == SEED_VERSION).sort("task_id")
     return rows.select(
         pl.col("sim_prompt").alias("prompt"), pl.col("raw_generation").alias("text"), pl.lit(1.0).alias("env_reward")

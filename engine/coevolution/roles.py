@@ -124,6 +124,28 @@ def rollout_seed(run_seed: int, task_id: str, index: int) -> int:
     return sample_seed(run_seed, task_id, index)
 
 
+@dataclass(frozen=True)
+class Trajectory:
+    """A multi-turn rollout as a RolloutCompleted carries it: the first turn's prompt, the commands one a line,
+    every turn's reply tokens and log-probabilities end to end, and the turns themselves."""
+
+    prompt: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    turns_json: str
+
+
+def trajectory_generation(turns: list[dict]) -> Trajectory:
+    return Trajectory(
+        turns[0]["prompt"] if turns else "",
+        "\n".join(t["command"] for t in turns),
+        [i for t in turns for i in t["token_ids"]],
+        [p for t in turns for p in t["logprobs"]],
+        json.dumps(turns),
+    )
+
+
 class ModelRole:
     """A role that holds one model (kind agent or env) at one checkpoint version; nothing is loaded until `load`."""
 
@@ -397,11 +419,17 @@ class Rollouts(ModelRole):
         self, tasks: list[GeneratedTask], epoch: int, progress: Tick = _quiet, producer: str = "rollout"
     ) -> list[RolloutCompleted]:
         """group_size rollouts of every task, in task order; rollout ids are `<task id>-r<i>`. Rollout i of a task is
-        sampled with `rollout_seed(run seed, task id, i)`: a group's rollouts differ, and a replay gets them again."""
+        sampled with `rollout_seed(run seed, task id, i)`: a group's rollouts differ, and a replay gets them again.
+        In a multi-turn domain (one with `max_turns`) a rollout is a trajectory (`play`): its completion is its
+        commands, one a line, and turns_json holds each turn's prompt, tokens and log-probabilities."""
         g = self.config.group_size
-        prompts = [self.prompt(t.parsed) for t in tasks for _ in range(g)]
         seeds = [rollout_seed(self.config.seed, t.task_id, i) for t in tasks for i in range(g)]
-        generations = self.generate(prompts, self.config.agent_max_new_tokens, seeds, progress=progress)
+        if getattr(self.domain, "max_turns", 0):
+            trajectories = self.play([t.parsed for t in tasks for _ in range(g)], seeds, progress)
+            generations = [trajectory_generation(turns) for turns in trajectories]
+        else:
+            prompts = [self.prompt(t.parsed) for t in tasks for _ in range(g)]
+            generations = self.generate(prompts, self.config.agent_max_new_tokens, seeds, progress=progress)
         return [
             RolloutCompleted(
                 run_id=self.run_id,
@@ -414,19 +442,75 @@ class Rollouts(ModelRole):
                 completion=generation.text,
                 completion_token_ids=generation.token_ids,
                 behaviour_logprobs=generation.logprobs,
+                turns_json=getattr(generation, "turns_json", "[]"),
                 temperature=self.config.temperature,
                 producer=producer,
             )
             for i, generation in enumerate(generations)
         ]
 
+    def play(self, tasks: list[Task], seeds: list[int] | None, progress: Tick = _quiet) -> list[list[dict]]:
+        """Each task played as an episode of the domain's, turn by turn: a turn is one batched generation over the
+        episodes still going (sampled with the episode's seed and the turn's number; greedy without seeds), its
+        reply taken as the episode's next command. Each episode's turns: the rendered prompt, the reply with its
+        token ids and log-probabilities, the command taken and what the agent then saw."""
+        episodes = [self.domain.episode(task) for task in tasks]
+        turns: list[list[dict]] = [[] for _ in tasks]
+        for turn in range(self.domain.max_turns):
+            going = [i for i, episode in enumerate(episodes) if not episode.done]
+            if not going:
+                break
+            prompts = [
+                render_prompt(self.model.tokenizer, episodes[i].prompt(), self.domain.agent_system) for i in going
+            ]
+            turn_seeds = None if seeds is None else [sample_seed(seeds[i], turn) for i in going]
+            generations = self.generate(prompts, self.config.agent_max_new_tokens, turn_seeds, greedy=seeds is None)
+            for i, generation in zip(going, generations):
+                command = episodes[i].step(generation.text)
+                turns[i].append(
+                    {
+                        "prompt": generation.prompt,
+                        "completion": generation.text,
+                        "token_ids": list(generation.token_ids),
+                        "logprobs": list(generation.logprobs),
+                        "command": command,
+                        "observation": episodes[i].observation,
+                    }
+                )
+            progress(turn + 1, self.domain.max_turns)
+        return turns
+
+    def reference_turns(self, task: Task) -> list[dict]:
+        """The turns of the domain's reference solution played out, as a warm-start rollout's turns_json holds them:
+        each turn's prompt and the command as the answer (its tokens, the end-of-text token, log-probabilities 0)."""
+        tok, episode, turns = self.model.tokenizer, self.domain.episode(task), []
+        for command in self.domain.reference_answer(task).splitlines():
+            prompt = render_prompt(tok, episode.prompt(), self.domain.agent_system)
+            ids = tok(command, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            episode.step(command)
+            turns.append(
+                {
+                    "prompt": prompt,
+                    "completion": command,
+                    "token_ids": ids,
+                    "logprobs": [0.0] * len(ids),
+                    "command": command,
+                    "observation": episode.observation,
+                }
+            )
+        return turns
+
     def validate(self, tasks: list[Task], progress: Tick = _quiet) -> Validation:
-        """Success of greedy answers to `tasks` (the domain's held-out set, generated in batches), overall and
-        per level."""
-        generations = self.generate(
-            [self.prompt(t) for t in tasks], self.config.agent_max_new_tokens, greedy=True, progress=progress
-        )
-        successes = [self.domain.check(t, g.text).success for t, g in zip(tasks, generations)]
+        """Success of greedy answers to `tasks` (the domain's held-out set, generated in batches; in a multi-turn
+        domain, greedy episodes), overall and per level."""
+        if getattr(self.domain, "max_turns", 0):
+            answers = ["\n".join(t["command"] for t in turns) for turns in self.play(tasks, None, progress)]
+        else:
+            prompts = [self.prompt(t) for t in tasks]
+            answers = [
+                g.text for g in self.generate(prompts, self.config.agent_max_new_tokens, greedy=True, progress=progress)
+            ]
+        successes = [self.domain.check(t, answer).success for t, answer in zip(tasks, answers)]
         feature = getattr(self.domain, "difficulty_feature", "")
         by_level: dict[str, list[bool]] = {}
         for task, success in zip(tasks, successes):

@@ -360,6 +360,9 @@ class CoEvolution:
             events.append(self.simulator.event(seed_task, producer="warm-start"))
             answer = self.domain.reference_answer(task)
             ids = agent_tok(answer, add_special_tokens=False)["input_ids"] + [agent_tok.eos_token_id]
+            turns = self.rollouts.reference_turns(task) if getattr(self.domain, "max_turns", 0) else []
+            if turns:  # a multi-turn answer: each command the answer of its own turn's prompt
+                ids = [i for t in turns for i in t["token_ids"]]
             rollout_id = f"{task_id}-ref"
             events.append(
                 RolloutCompleted(
@@ -373,6 +376,7 @@ class CoEvolution:
                     completion=answer,
                     completion_token_ids=ids,
                     behaviour_logprobs=[0.0] * len(ids),
+                    turns_json=json.dumps(turns),
                     producer="warm-start",
                 )
             )

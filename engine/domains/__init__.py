@@ -4,8 +4,9 @@ from .arith import Arith
 from .base import Domain, Invalid, SimulatorRequest, Task, Verdict, performance_summary, task_from_row, task_to_json
 from .qa import QA
 from .toolcall import ToolCall
+from .world import World
 
-DOMAINS: dict[str, type] = {"arith": Arith, "toolcall": ToolCall, "qa": QA}
+DOMAINS: dict[str, type] = {"arith": Arith, "toolcall": ToolCall, "qa": QA, "world": World}
 
 
 def get_domain(name: str, seeds_path: str = "") -> Domain:
