@@ -7,7 +7,9 @@ command. A reply is taken as the admissible command it names, allowing for case,
 (difflib similarity at least MATCH_CUTOFF, which a typo or a trailing period reaches and unrelated text does
 not); any other reply costs the step and is answered "Nothing happens.", as ALFWorld's own environment
 answers a command it cannot execute. The transcript records the reply beside the command taken. A game is won
-when the env's `won` info turns true within 50 steps. Games are played in lockstep, a batch at a time, so
+when the env's `won` info turns true within 50 steps. The turn's prompt, the matching of a reply and the
+answer to a command that does nothing are the world domain's (engine/domains/world.py), so that an agent trained
+there is scored in the form it was trained in. Games are played in lockstep, a batch at a time, so
 each turn is one batched generation. Success is reported overall and per task type (the game folder's
 prefix: pick_and_place_simple, look_at_obj_in_light, pick_clean_then_place_in_recep, pick_heat_..., pick_cool_...,
 pick_two_obj_and_place).
@@ -15,21 +17,14 @@ pick_two_obj_and_place).
 
 from __future__ import annotations
 
-import difflib
 import os
 from pathlib import Path
 
+from ..domains.world import NOTHING, SYSTEM, closest, turn_prompt
 from .base import Ask, Benchmark, DataMissing, Item, ItemResult, Progress, mean, per_category
 
 MAX_STEPS = 50
-MATCH_CUTOFF = 0.8  # difflib ratio from which a reply counts as the admissible command it resembles
-NOTHING = "Nothing happens."  # what ALFWorld answers a command it cannot execute
-HISTORY = 4  # turns of history shown each step
 BATCH_GAMES = 16  # games played at once (each holds a PDDL env in memory)
-SYSTEM = (
-    "You are playing a household text game. Each turn, reply with exactly one command from the list of "
-    "admissible commands and nothing else."
-)
 
 
 def textworld_modules():
@@ -42,15 +37,6 @@ def textworld_modules():
             "(pulls textworld[pddl]; `make install` does)"
         ) from None
     return textworld, AlfredDemangler, AlfredInfos
-
-
-def closest(command: str, admissible: list[str]) -> str | None:
-    """The admissible command a reply names (its first line, any case and spacing, or a near miss), else None."""
-    text = " ".join(command.strip().splitlines()[0].lower().split()) if command.strip() else ""
-    if text in admissible:
-        return text
-    match = difflib.get_close_matches(text, admissible, n=1, cutoff=MATCH_CUTOFF)
-    return match[0] if match else None
 
 
 class Game:
@@ -71,12 +57,7 @@ class Game:
         self.done = self.won
 
     def ask(self) -> Ask:
-        history = "\n".join(f"> {c}\n{o}" for c, o in self.turns[-HISTORY:])
-        user = (
-            f"{self.task}\n\n"
-            + (f"Recent turns:\n{history}\n\n" if history else "")
-            + f"Now: {self.observation}\n\nAdmissible commands: {', '.join(self.admissible)}\n\nCommand:"
-        )
+        user = turn_prompt(self.task, self.turns, self.observation, self.admissible)
         return Ask(SYSTEM, user, max_new_tokens=16, item_id=self.item.item_id, turn=len(self.turns))
 
     def step(self, reply: str) -> None:
