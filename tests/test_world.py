@@ -3,10 +3,19 @@ in it, and the shortest solution that sets a world's difficulty."""
 
 from __future__ import annotations
 
+import json
+import random
+
+import polars as pl
 import pytest
 
+from engine.coevolution import load_config
+from engine.coevolution.roles import GeneratedTask, Rollouts
 from engine.domains.base import Invalid
-from engine.domains.world import Room, parse_world, play, solve
+from engine.domains.world import NOTHING, OBJECTS, Room, parse_world, play, solve
+from engine.domains.world import World as WorldDomain
+from trainers import GRPOConfig, GRPOTrainer, load_model
+from trainers.grpo import select_rows
 
 CLEAN_MUG = (
     "task: clean some mug and put it in cabinet. mug 1 is in fridge 1. fridge 1 is closed.\n"
@@ -93,3 +102,96 @@ def test_a_turn_takes_only_an_admissible_command_and_a_trajectory_replays_to_the
     assert play(start, trajectory) == (observations, won)  # deterministic: the commands are the trajectory
     observations, won = play(start, solve(start) + ["look"])
     assert won and len(observations) == 8  # the episode ends at the goal
+
+
+# -- the domain, the turn loop and GRPO over trajectories ----------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_the_domains_seeds_are_tasks_in_the_request_grammar_whose_reference_solves_them():
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    domain = WorldDomain()
+    seeds = domain.seeds(random.Random(0), 24)
+    for request, text, task in seeds:
+        assert accepts(request.grammar, text), text  # what the warm start teaches is what the grammar allows
+        assert task.difficulty["level"] == len(task.reference["solution"]) >= 1
+        assert domain.check(task, domain.reference_answer(task)).success
+        assert not domain.check(task, "look\ninventory").success
+    assert len({t.difficulty["level"] for _, _, t in seeds}) >= 3  # the seeds span levels
+    request = domain.simulator_request(random.Random(1), "no results yet")
+    stranger = next(o for o in OBJECTS if o not in request.context["objects"])
+    text = f"task: put some {stranger} in shelf. {stranger} 1 is on countertop 1."
+    assert domain.parse(text, request.context).reason.startswith("not_offered:")
+    assert domain.parse("task: put some egg in shelf. mug 1 is on countertop 1.", {}).reason.startswith("unsolvable:")
+    assert domain.parse("task: put some mug in shelf. mug 1 is on shelf 1.", {}).reason.startswith("already_done:")
+
+
+def tiny_rollouts(group_size: int = 2) -> Rollouts:
+    config = load_config("quick", None, ["domain=world", f"group_size={group_size}", "agent_max_new_tokens=6"])
+    rollouts = Rollouts(config, WorldDomain(), "run")
+    rollouts.model = load_model("tiny", seed=0)
+    return rollouts
+
+
+@pytest.mark.unit
+def test_a_rollout_is_a_trajectory_of_turns_that_replays_to_its_verdict():
+    domain, rollouts = WorldDomain(), tiny_rollouts()
+    tasks = [
+        GeneratedTask(f"t{i}", "b", "", text, task, "seed", 0)
+        for i, (_, text, task) in enumerate(domain.seeds(random.Random(2), 2))
+    ]
+    events = rollouts.roll_out(tasks, epoch=0)
+    assert [e.rollout_id for e in events] == ["t0-r0", "t0-r1", "t1-r0", "t1-r1"]
+    for event in events:
+        turns = json.loads(event.turns_json)
+        task = next(t.parsed for t in tasks if t.task_id == event.task_id)
+        assert 1 <= len(turns) <= domain.max_turns
+        assert event.completion == "\n".join(t["command"] for t in turns)
+        assert event.completion_token_ids == [i for t in turns for i in t["token_ids"]]
+        assert len(event.behaviour_logprobs) == len(event.completion_token_ids)
+        for before, after in zip(turns, turns[1:]):  # each turn's prompt shows what the last one's command did
+            assert f"Now: {before['observation']}" in after["prompt"]
+        if len(turns) < domain.max_turns:  # an episode ends early only at its goal, and its replay says so
+            assert domain.check(task, event.completion).success and turns[-1]["observation"] != NOTHING
+    again = rollouts.roll_out(tasks, epoch=0)
+    assert [(e.completion, e.turns_json) for e in again] == [(e.completion, e.turns_json) for e in events]
+
+    reference = rollouts.reference_turns(tasks[0].parsed)
+    assert [t["command"] for t in reference] == tasks[0].parsed.reference["solution"]
+    assert domain.check(tasks[0].parsed, "\n".join(t["command"] for t in reference)).success
+
+
+@pytest.mark.unit
+def test_grpo_trains_a_trajectory_on_its_agents_tokens_only_with_its_one_advantage():
+    """The environment's words are in each turn's prompt, never in a completion: the micro-batches' completion
+    tokens are exactly the turns' reply tokens, and every turn of a trajectory carries that trajectory's advantage."""
+    domain, rollouts = WorldDomain(), tiny_rollouts(group_size=2)
+    ((_, text, task),) = domain.seeds(random.Random(3), 1)
+    events = rollouts.roll_out([GeneratedTask("t0", "b", "", text, task, "seed", 0)], epoch=0)
+    rows = pl.DataFrame(
+        [
+            {
+                **{k: getattr(e, k) for k in ("rollout_id", "task_id", "group_index", "prompt", "completion")},
+                "agent_model_version": "0",
+                "completion_token_ids": e.completion_token_ids,
+                "behaviour_logprobs": e.behaviour_logprobs,
+                "turns_json": e.turns_json,
+                "reward": float(i == 0),
+            }
+            for i, e in enumerate(events)
+        ]
+    )
+    config = GRPOConfig(per_device_train_batch_size=3, filter_groups=False, temperature=rollouts.config.temperature)
+    selected, _ = select_rows(rows, 0, config)
+    batches = GRPOTrainer(rollouts.model.model, rollouts.model.tokenizer, config).micro_batches(selected)
+    trained: list[tuple[tuple[int, ...], float]] = []
+    for mb in batches:
+        for ids, mask, advantage in zip(mb.tokens.completion_ids, mb.tokens.completion_mask, mb.advantages):
+            trained.append((tuple(ids[mask.bool()].tolist()), round(float(advantage), 6)))
+    turns = [json.loads(e.turns_json) for e in events]
+    expected = [(tuple(t["token_ids"]), sign) for ts, sign in zip(turns, (1.0, -1.0)) for t in ts]
+    assert sorted((ids, advantage > 0) for ids, advantage in trained) == sorted(
+        (ids, sign > 0) for ids, sign in expected
+    )
+    assert len({advantage for _, advantage in trained}) == 2  # one advantage a trajectory
