@@ -23,7 +23,7 @@ from streams import payload_of
 from trainers import KINDS, CheckpointError, manifest, registry
 from trainers.update import POOL_OF, SEED_VERSION, new_rows
 
-from .fields import json_object, json_or_text, nan_to_none
+from .fields import json_object, json_or_text, nan_to_none, turns_in
 from .measures import curriculum_measures
 
 
@@ -172,6 +172,11 @@ def audit_task(lake: Lake, task_id: str) -> dict:
                 "reward": r["reward"],
                 "success": r["success"],
                 "checker_detail": r["checker_detail"],
+                # a multi-turn rollout's turns: the reply, the command it was taken as, what the agent then saw
+                "turns": [
+                    {"reply": t.get("completion"), "command": t.get("command"), "observation": t.get("observation")}
+                    for t in turns_in(r.get("turns_json"))
+                ],
             }
             for r in joined.sort("group_index").iter_rows(named=True)
         ],

@@ -35,3 +35,13 @@ def nan_to_none(value):
     if isinstance(value, (list, tuple)):
         return [nan_to_none(v) for v in value]
     return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def turns_in(raw: str | None) -> list[dict]:
+    """A multi-turn rollout's turns from its turns_json (a producer's text: what does not parse, or nests deeper
+    than Python's parser goes, is no turns)."""
+    try:
+        turns = json.loads(raw or "[]")
+    except (ValueError, RecursionError):
+        return []
+    return [t for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []

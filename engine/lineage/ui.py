@@ -83,7 +83,8 @@ TASK = """{% if t.task is defined and t.task is none %}<p class="bad">Only in th
 <tr><th>difficulty</th><td>{{ t.difficulty | tojson }}</td></tr></table>
 <h2>Rollouts ({{ t.rollouts|length }})</h2>
 <table id="rollouts"><tr><th>rollout</th><th>agent v</th><th>completion</th><th>reward</th><th>success</th><th>checker</th></tr>
-{% for r in t.rollouts %}<tr class="rollout"><td>{{ r.rollout_id }}</td><td>{{ r.agent_version }}</td><td><pre>{{ r.completion }}</pre></td>
+{% for r in t.rollouts %}<tr class="rollout"><td>{{ r.rollout_id }}</td><td>{{ r.agent_version }}</td><td>{% if r.turns %}<ol class="turns">{% for u in r.turns %}<li><pre>&gt; {{ u.command }}{% if u.reply and u.reply.strip() != u.command %} (reply: {{ u.reply }}){% endif %}
+{{ u.observation }}</pre></li>{% endfor %}</ol>{% else %}<pre>{{ r.completion }}</pre>{% endif %}</td>
 <td>{{ r.reward }}</td><td class="{{ 'good' if r.success else 'bad' }}">{{ r.success }}</td><td>{{ r.checker_detail }}</td></tr>{% endfor %}</table>
 <h2>Curriculum score</h2>
 <table id="batch"><tr><th>group</th><th>granularity</th><th>p_hat</th><th>R_env</th><th>weight</th><th>filtered</th></tr>
