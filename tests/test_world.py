@@ -195,3 +195,39 @@ def test_grpo_trains_a_trajectory_on_its_agents_tokens_only_with_its_one_advanta
         (ids, sign > 0) for ids, sign in expected
     )
     assert len({advantage for _, advantage in trained}) == 2  # one advantage a trajectory
+
+
+@pytest.mark.e2e
+def test_a_world_run_plays_trajectories_that_audit_shows_and_replay_reproduces_bit_for_bit(tmp_path):
+    """`genenv run --domain world` end to end (the domain's seed worlds, so that a tiny agent has valid tasks to
+    play): every rollout in the lake is a trajectory, the audit shows its turns, and the replay of the epoch
+    retrains its multi-turn GRPO update bit for bit."""
+    from conftest import genenv_cli, genenv_inline
+
+    from lake import Lake, read_table, silver
+
+    lake = tmp_path / "lake"
+    run = genenv_cli(
+        "run", "--profile", "quick", "--domain", "world", "--mode", "seeds-only", "--epochs", "1",
+        "--lake", str(lake), "--report", str(tmp_path / "report"),
+        "--set", "warm_start_epochs=5", "--set", "agent_max_new_tokens=6", "--set", "tasks_per_epoch=2",
+        "--set", "batch_size=2", "--set", "group_size=2", "--set", "refill_rounds=0", "--set", "validation_size=2",
+        "--set", "validation_subset=0", timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert (tmp_path / "report" / "report.md").exists()
+    rollouts = read_table(Lake(lake, create=False), silver("rollout"))
+    played = rollouts.filter(pl.col("agent_model_version") != "seed")
+    assert played.height == 2 * 2  # 2 tasks x G = 2, each a trajectory
+    assert all(json.loads(t) for t in played["turns_json"])
+    task_id = played["task_id"][0]
+    audit = genenv_inline("audit", "task", task_id, "--lake", str(lake), "--json")
+    shown = json.loads(audit.stdout[audit.stdout.index("{") :])
+    assert all(r["turns"] and r["turns"][0]["command"] for r in shown["rollouts"])
+
+    replay = genenv_cli("replay", "--epoch", "0", "--lake", str(lake), "--json", timeout=600)
+    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-2000:]
+    answer = json.loads(replay.stdout[replay.stdout.index("{") :])
+    assert answer["ok"] and any(c["kind"] == "agent" for c in answer["checkpoints"])
+    for c in answer["checkpoints"]:
+        assert c["replayed_sha256"] == c["recorded_sha256"], c
