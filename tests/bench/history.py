@@ -2,13 +2,13 @@
 compaction (the default, lake/maintenance.py) and without it, in the same run.
 
     .venv/bin/python tests/bench/history.py [--sizes 1000 10000 100000] [--rows-per-step 256] \
-        [--compact-every 100] [--compact-files 64]
+        [--compact-every 100] [--compact-files 64] [--repeats 3]
 
 The history is written by the ingestor's own step (Ingestor.step: bronze, refine with its suites, the derived
 tables, the commit record, compaction every `--compact-every` steps), fed records of demo epochs straight from
 memory, no broker: what grows is the lake, and Kafka is not what is measured. Steps are small, as a streaming
 run's are (a step closes after a second of events), so the tables gather many small files. At each history size
-(rows of gold/d_train) it times, median of 3: one more ingest step, and then the trainer's snapshot read of the rows
+(rows of gold/d_train) it times, median of `--repeats` (3): one more ingest step, and then the trainer's snapshot read of the rows
 that step appended (trainers/update.py `new_rows`), through one Lake as a trainer process keeps it.
 Prints JSON: the seconds per size for each series, and the ratio of the largest size's to the smallest's
 (issue 28's target: within 1.5x with compaction).
@@ -61,7 +61,7 @@ def seconds(action) -> float:
     return time.perf_counter() - start
 
 
-def series(sizes: list[int], rows_per_step: int, compact_every: int, compact_files: int) -> dict:
+def series(sizes: list[int], rows_per_step: int, compact_every: int, compact_files: int, repeats: int) -> dict:
     from lake import D_TRAIN, IngestConfig, Ingestor, Lake, read_pool
     from trainers.update import new_rows
 
@@ -80,7 +80,7 @@ def series(sizes: list[int], rows_per_step: int, compact_every: int, compact_fil
             # ingest step appended since its last read. The warm-up read brings the handle to now.
             new_rows(lake, "d_train", lake.version(D_TRAIN), lake.version(D_TRAIN) - 1)
             ingests, reads = [], []
-            for _ in range(3):
+            for _ in range(repeats):
                 previous = lake.version(D_TRAIN)
                 ingests.append(seconds(lambda: ingestor.step(log.step())))
                 reads.append(seconds(functools.partial(new_rows, lake, "d_train", lake.version(D_TRAIN), previous)))
@@ -100,10 +100,11 @@ def main() -> None:
     parser.add_argument("--rows-per-step", type=int, default=256)
     parser.add_argument("--compact-every", type=int, default=100)
     parser.add_argument("--compact-files", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="steps (each with its read) timed at each size")
     args = parser.parse_args()
     result = {"rows_per_step": args.rows_per_step}
     for name, every in (("compacted", args.compact_every), ("never_compacted", 0)):
-        points = series(args.sizes, args.rows_per_step, every, args.compact_files)
+        points = series(args.sizes, args.rows_per_step, every, args.compact_files, args.repeats)
         small, large = points[min(points)], points[max(points)]
         result[name] = {
             "by_history_rows": points,
