@@ -8,8 +8,8 @@ The history is written by the ingestor's own step (Ingestor.step: bronze, refine
 tables, the commit record, compaction every `--compact-every` steps), fed records of demo epochs straight from
 memory, no broker: what grows is the lake, and Kafka is not what is measured. Steps are small, as a streaming
 run's are (a step closes after a second of events), so the tables gather many small files. At each history size
-(rows of gold/d_train) it times, median of `--repeats` (3): one more ingest step, and then the trainer's snapshot read of the rows
-that step appended (trainers/update.py `new_rows`), through one Lake as a trainer process keeps it.
+(rows of gold/d_train) it times, median of `--repeats` (3): one more ingest step, and then the trainer's snapshot
+read of the rows that step appended (trainers/update.py `new_rows`), through one Lake as a trainer process keeps it.
 Prints JSON: the seconds per size for each series, and the ratio of the largest size's to the smallest's
 (issue 28's target: within 1.5x with compaction).
 """
