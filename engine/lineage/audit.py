@@ -23,7 +23,7 @@ from streams import payload_of
 from trainers import KINDS, CheckpointError, manifest, registry
 from trainers.update import POOL_OF, SEED_VERSION, new_rows
 
-from .fields import json_object, json_or_text, nan_to_none, turns_in
+from .fields import json_object, json_or_text, nan_to_none, share_in_band, turns_in
 from .measures import curriculum_measures
 
 
@@ -305,6 +305,7 @@ def audit_epoch(lake: Lake, epoch: int, run_id: str | None = None) -> dict:
     generated = tasks.filter(pl.col("producer") != "warm-start")
     rewards = scan(lake, silver("reward")).filter(of_epoch & (pl.col("producer") != "warm-start")).collect()
     batches = scan(lake, silver("batch")).filter(of_epoch & (pl.col("producer") != "warm-start")).collect()
+    in_band = share_in_band(batches)
     checkpoints = scan(lake, CHECKPOINTS).filter(of_epoch).collect().sort("produced_at")
     invalid = generated.filter(~pl.col("valid"))
     return {
@@ -319,7 +320,7 @@ def audit_epoch(lake: Lake, epoch: int, run_id: str | None = None) -> dict:
         "rollouts_scored": rewards.height,
         "agent_success_rate": round(rewards["success"].mean(), 4) if rewards.height else None,
         "batches": batches.height,
-        "share_in_band": round(1 - batches["filtered"].mean(), 4) if batches.height else None,
+        "share_in_band": None if in_band is None else round(in_band, 4),
         **{name: nan_to_none(value) for name, value in asdict(curriculum_measures(generated, rewards)).items()},
         "checkpoints": [
             {

@@ -45,3 +45,12 @@ def turns_in(raw: str | None) -> list[dict]:
     except (ValueError, RecursionError):
         return []
     return [t for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []
+
+
+def share_in_band(batches) -> float | None:
+    """The share of scored tasks whose group is in the band (engine/coevolution/curriculum.py `in_band_share`), from
+    a frame of BatchScored rows (filtered, n_tasks); None without rows."""
+    tasks = batches["n_tasks"].sum() if batches.height else 0
+    if not tasks:
+        return None
+    return float(batches.filter(~batches["filtered"])["n_tasks"].sum()) / float(tasks)

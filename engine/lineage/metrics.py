@@ -16,7 +16,7 @@ import polars as pl
 from lake import CHECKPOINTS, Lake, read_table, silver
 
 from ..coevolution import EpochMetrics
-from .fields import json_object
+from .fields import json_object, share_in_band
 from .measures import CurriculumMeasures, curriculum_measures
 
 MEASURES = [f.name for f in fields(CurriculumMeasures)]
@@ -87,7 +87,7 @@ def metrics_from_lake(lake: Lake, run_id: str) -> list[EpochMetrics]:
                 valid_share=round(valid.height / max(t.height, 1), 3),
                 agent_success=round(r["success"].mean() or 0.0, 3) if r.height else 0.0,
                 batch_p_hats=[round(p, 3) for p in b["p_hat"].to_list()],
-                in_band_share=round(1 - (b["filtered"].mean() or 0.0), 3) if b.height else 0.0,
+                in_band_share=round(share_in_band(b) or 0.0, 3),
                 difficulty=difficulty_means(valid["difficulty_json"].to_list()),
                 response_tokens=round(statistics.fmean(len(x) for x in ro["completion_token_ids"].to_list()), 2)
                 if ro.height
