@@ -196,6 +196,11 @@ def test_grpo_trains_a_trajectory_on_its_agents_tokens_only_with_its_one_advanta
     )
     assert len({advantage for _, advantage in trained}) == 2  # one advantage a trajectory
 
+    # A producer's turns_json that cannot be trained from is left out with its reason, not trained as one turn.
+    broken = rows.with_columns(pl.Series("turns_json", ['[{"prompt": "p", "token_ids": [1]}]', "not json"]))
+    kept, dropped = select_rows(broken, 0, config)
+    assert kept.height == 0 and dropped == {"unreadable_turns": 2}
+
 
 @pytest.mark.e2e
 def test_a_world_run_plays_trajectories_that_audit_shows_and_replay_reproduces_bit_for_bit(tmp_path):

@@ -99,12 +99,29 @@ def staleness_of(version: str, parent_version: int) -> int | None:
         return None
 
 
-def turns_of(rows: pl.DataFrame) -> list[list[dict]]:
+def turns_of(rows: pl.DataFrame) -> list[list[dict] | None]:
     """Each d_train row's turns (a multi-turn rollout's: engine/coevolution/roles.py `Rollouts.play`); [] for a
-    single-turn row, and for every row of a pool version from before the column."""
+    single-turn row, and for every row of a pool version from before the column; None where a producer's text is
+    not turns that can be trained on (each with a prompt, and as many log-probabilities as reply tokens)."""
     if "turns_json" not in rows.columns:
         return [[] for _ in range(rows.height)]
-    return [json.loads(text or "[]") for text in rows["turns_json"].to_list()]
+    return [readable_turns(text) for text in rows["turns_json"].to_list()]
+
+
+def readable_turns(text: str | None) -> list[dict] | None:
+    try:
+        turns = json.loads(text or "[]")
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(turns, list):
+        return None
+    for t in turns:
+        ids, logps = (t.get("token_ids"), t.get("logprobs")) if isinstance(t, dict) else (None, None)
+        if not isinstance(t.get("prompt") if isinstance(t, dict) else None, str) or not isinstance(ids, list):
+            return None
+        if not ids or not isinstance(logps, list) or len(ids) != len(logps):
+            return None
+    return turns
 
 
 def select_rows(rows: pl.DataFrame, parent_version: int, config: GRPOConfig) -> tuple[pl.DataFrame, Counter]:
@@ -114,7 +131,9 @@ def select_rows(rows: pl.DataFrame, parent_version: int, config: GRPOConfig) -> 
     for row in rows.sort(["task_id", "group_index", "rollout_id"]).iter_rows(named=True):
         staleness = staleness_of(row["agent_model_version"], parent_version)
         ids, logps = row["completion_token_ids"] or [], row["behaviour_logprobs"] or []
-        if staleness is None:
+        if readable_turns(row.get("turns_json")) is None:
+            dropped["unreadable_turns"] += 1  # a producer's turns_json that no turn can be trained from
+        elif staleness is None:
             dropped["unknown_version"] += 1
         elif staleness < 0:
             dropped["newer_than_parent"] += 1

@@ -75,9 +75,10 @@ def warm_start_rows(kind: str, rows: pl.DataFrame) -> pl.DataFrame:
     """The seed rows of a pool (version "seed") as (prompt, text, env_reward): reference answers or seed task texts."""
     if kind == "agent":
         rows = rows.filter(pl.col("agent_model_version") == SEED_VERSION).sort("rollout_id")
-        pairs = [(t["prompt"], t["completion"]) for turns in turns_of(rows) for t in turns]  # one a turn (multi-turn)
+        each = turns_of(rows)  # a multi-turn row trains as its turns, one pair a turn
+        pairs = [(t["prompt"], str(t.get("completion", ""))) for turns in each for t in turns or []]
         single = rows.select(pl.col("prompt"), pl.col("completion").alias("text"))
-        single = single.filter(pl.Series([not turns for turns in turns_of(rows)], dtype=pl.Boolean))
+        single = single.filter(pl.Series([not turns for turns in each], dtype=pl.Boolean))
         turned = pl.DataFrame(pairs, schema={"prompt": pl.String, "text": pl.String}, orient="row")
         return pl.concat([single, turned]).with_columns(pl.lit(1.0).alias("env_reward"))
     rows = rows.filter(pl.col("env_model_version") == SEED_VERSION).sort("task_id")
