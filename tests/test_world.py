@@ -12,7 +12,7 @@ import pytest
 from engine.coevolution import load_config
 from engine.coevolution.roles import GeneratedTask, Rollouts
 from engine.domains.base import Invalid
-from engine.domains.world import NOTHING, OBJECTS, Room, parse_world, play, solve
+from engine.domains.world import NOTHING, OBJECTS, Episode, Room, parse_world, replay, solve
 from engine.domains.world import World as WorldDomain
 from trainers import GRPOConfig, GRPOTrainer, load_model
 from trainers.grpo import select_rows
@@ -97,11 +97,17 @@ def test_a_turn_takes_only_an_admissible_command_and_a_trajectory_replays_to_the
 
     trajectory = ["go to fridge 1", "open fridge 1", "take mug 1 from fridge 1", "go to cabinet 1", "open cabinet 1"]
     trajectory += ["move mug 1 to cabinet 1"]  # not cleaned first: the goal is not reached
-    observations, won = play(start, trajectory)
-    assert not won and len(observations) == len(trajectory)
-    assert play(start, trajectory) == (observations, won)  # deterministic: the commands are the trajectory
-    observations, won = play(start, solve(start) + ["look"])
-    assert won and len(observations) == 8  # the episode ends at the goal
+    task = WorldDomain().parse(CLEAN_MUG, {})
+
+    def played(commands: list[str]) -> tuple[list[tuple[str, str]], bool]:
+        episode = replay(Episode(task), commands)
+        return episode.turns, episode.won
+
+    turns, won = played(trajectory)
+    assert not won and [c for c, _ in turns] == trajectory
+    assert played(trajectory) == (turns, won)  # deterministic: the commands are the trajectory
+    turns, won = played(solve(start) + ["look"])
+    assert won and len(turns) == 8  # the episode ends at the goal
 
 
 # -- the domain, the turn loop and GRPO over trajectories ----------------------------------------------------------

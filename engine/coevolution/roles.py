@@ -35,7 +35,7 @@ from trainers import (
 )
 from trainers.update import SEED_VERSION
 
-from ..domains import Domain, Invalid, Task, Verdict, performance_summary, task_from_row, task_to_json
+from ..domains import Domain, Invalid, Task, Verdict, multi_turn, performance_summary, task_from_row, task_to_json
 from .config import RunConfig
 from .curriculum import score_groups
 from .progress import Tick
@@ -134,6 +134,19 @@ class Trajectory:
     token_ids: list[int]
     logprobs: list[float]
     turns_json: str
+
+
+def turn_record(prompt: str, reply: str, token_ids, logprobs, command: str, observation: str) -> dict:
+    """One turn of a trajectory as turns_json holds it: the rendered prompt, the reply with its token ids and
+    log-probabilities (what GRPO trains), the command it was taken as and what the agent then saw (what audit shows)."""
+    return {
+        "prompt": prompt,
+        "completion": reply,
+        "token_ids": list(token_ids),
+        "logprobs": list(logprobs),
+        "command": command,
+        "observation": observation,
+    }
 
 
 def trajectory_generation(turns: list[dict]) -> Trajectory:
@@ -424,7 +437,7 @@ class Rollouts(ModelRole):
         commands, one a line, and turns_json holds each turn's prompt, tokens and log-probabilities."""
         g = self.config.group_size
         seeds = [rollout_seed(self.config.seed, t.task_id, i) for t in tasks for i in range(g)]
-        if getattr(self.domain, "max_turns", 0):
+        if multi_turn(self.domain):
             trajectories = self.play([t.parsed for t in tasks for _ in range(g)], seeds, progress)
             generations = [trajectory_generation(turns) for turns in trajectories]
         else:
@@ -468,14 +481,14 @@ class Rollouts(ModelRole):
             for i, generation in zip(going, generations):
                 command = episodes[i].step(generation.text)
                 turns[i].append(
-                    {
-                        "prompt": generation.prompt,
-                        "completion": generation.text,
-                        "token_ids": list(generation.token_ids),
-                        "logprobs": list(generation.logprobs),
-                        "command": command,
-                        "observation": episodes[i].observation,
-                    }
+                    turn_record(
+                        generation.prompt,
+                        generation.text,
+                        generation.token_ids,
+                        generation.logprobs,
+                        command,
+                        episodes[i].observation,
+                    )
                 )
             progress(turn + 1, self.domain.max_turns)
         return turns
@@ -488,22 +501,13 @@ class Rollouts(ModelRole):
             prompt = render_prompt(tok, episode.prompt(), self.domain.agent_system)
             ids = tok(command, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             episode.step(command)
-            turns.append(
-                {
-                    "prompt": prompt,
-                    "completion": command,
-                    "token_ids": ids,
-                    "logprobs": [0.0] * len(ids),
-                    "command": command,
-                    "observation": episode.observation,
-                }
-            )
+            turns.append(turn_record(prompt, command, ids, [0.0] * len(ids), command, episode.observation))
         return turns
 
     def validate(self, tasks: list[Task], progress: Tick = _quiet) -> Validation:
         """Success of greedy answers to `tasks` (the domain's held-out set, generated in batches; in a multi-turn
         domain, greedy episodes), overall and per level."""
-        if getattr(self.domain, "max_turns", 0):
+        if multi_turn(self.domain):
             answers = ["\n".join(t["command"] for t in turns) for turns in self.play(tasks, None, progress)]
         else:
             prompts = [self.prompt(t) for t in tasks]

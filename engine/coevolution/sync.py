@@ -47,7 +47,7 @@ from streams import RewardScored, RolloutCompleted, event_of
 from trainers import RWRConfig, TrainError, registry
 from trainers.update import SEED_VERSION
 
-from ..domains import Task, get_domain
+from ..domains import Task, get_domain, multi_turn
 from .config import RunConfig, record_run_config
 from .curriculum import in_band_share
 from .progress import Phase, Say, no_phase
@@ -359,10 +359,12 @@ class CoEvolution:
             tasks.append(seed_task)
             events.append(self.simulator.event(seed_task, producer="warm-start"))
             answer = self.domain.reference_answer(task)
-            ids = agent_tok(answer, add_special_tokens=False)["input_ids"] + [agent_tok.eos_token_id]
-            turns = self.rollouts.reference_turns(task) if getattr(self.domain, "max_turns", 0) else []
-            if turns:  # a multi-turn answer: each command the answer of its own turn's prompt
+            # a multi-turn answer: each command the answer of its own turn's prompt
+            turns = self.rollouts.reference_turns(task) if multi_turn(self.domain) else []
+            if turns:
                 ids = [i for t in turns for i in t["token_ids"]]
+            else:
+                ids = agent_tok(answer, add_special_tokens=False)["input_ids"] + [agent_tok.eos_token_id]
             rollout_id = f"{task_id}-ref"
             events.append(
                 RolloutCompleted(

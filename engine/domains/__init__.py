@@ -1,7 +1,17 @@
 """Domains as plug-ins: each owns its seeds, prompts, parser and checker (see base.py)."""
 
 from .arith import Arith
-from .base import Domain, Invalid, SimulatorRequest, Task, Verdict, performance_summary, task_from_row, task_to_json
+from .base import (
+    Domain,
+    Invalid,
+    SimulatorRequest,
+    Task,
+    Verdict,
+    multi_turn,
+    performance_summary,
+    task_from_row,
+    task_to_json,
+)
 from .qa import QA
 from .toolcall import ToolCall
 from .world import World
@@ -28,6 +38,7 @@ __all__ = [
     "Task",
     "Verdict",
     "get_domain",
+    "multi_turn",
     "performance_summary",
     "task_from_row",
     "task_to_json",

@@ -69,6 +69,11 @@ class Domain(Protocol):
         ...
 
 
+def multi_turn(domain) -> bool:
+    """Whether the agent plays the domain's tasks over turns: it has `max_turns` and `episode` (domains/world.py)."""
+    return bool(getattr(domain, "max_turns", 0))
+
+
 def performance_summary(rows: list[tuple[dict, bool]], feature: str) -> str:
     """The agent's recent success by one difficulty feature, as the simulator's prompt shows it."""
     by_level: dict[Any, list[bool]] = {}

@@ -16,8 +16,8 @@ Every receptacle a sentence names is in the room, and so is the appliance the go
 it parses, names each object once, and its goal can be reached: `solve` finds a shortest solution by
 breadth-first search over the world's states (a few thousand at most: one held object, the agent's place, the
 open receptacles, where each object is and what was done to it), and its length is the world's difficulty.
-The world is deterministic, so a trajectory is its commands: replaying them regenerates every observation, and
-`play` scores a trajectory by replaying it. Written by hand: TextWorld plays ALFWorld's PDDL games but cannot
+The world is deterministic, so a trajectory is its commands: replaying them (`replay`) regenerates every
+observation, and the checker scores a trajectory so. Written by hand: TextWorld plays ALFWorld's PDDL games but cannot
 take a world a model wrote without a PDDL problem and a grammar file, which a 135M simulator cannot write.
 """
 
@@ -263,18 +263,6 @@ def solve(world: Room, limit: int = 50_000) -> list[str] | None:
     return None
 
 
-def play(world: Room, commands: list[str]) -> tuple[list[str], bool]:
-    """Replay a trajectory's commands: every observation, and whether the goal was reached (the episode ends
-    there, as ALFWorld's does: later commands are not played)."""
-    observations = []
-    for command in commands:
-        world, feedback = world.step(command)
-        observations.append(feedback)
-        if world.won():
-            return observations, True
-    return observations, False
-
-
 def closest(reply: str, admissible: list[str]) -> str | None:
     """The admissible command a reply names (its first line, any case and spacing, or a near miss), else None."""
     text = " ".join(reply.strip().splitlines()[0].lower().split()) if reply.strip() else ""
@@ -339,6 +327,24 @@ class Episode:
         return recorded
 
 
+def replay(episode: Episode, replies: list[str]) -> Episode:
+    """The episode after these replies, one a turn, until its goal or its last turn (later replies are not played,
+    as ALFWorld ends a game at its goal)."""
+    for reply in replies:
+        if episode.done:
+            break
+        episode.step(reply)
+    return episode
+
+
+def offered_kinds(rng: random.Random) -> tuple[list[str], list[str]]:
+    """The object and receptacle kinds a request offers: 4 and 5 at random, among them a goal's target."""
+    objects, receptacles = sorted(rng.sample(OBJECTS, 4)), sorted(rng.sample(sorted(RECEPTACLES), 5))
+    if not any(r in TARGETS for r in receptacles):
+        receptacles = sorted({*receptacles[1:], rng.choice(TARGETS)})
+    return objects, receptacles
+
+
 def random_world(rng: random.Random, objects: list[str], receptacles: list[str]) -> Room:
     """A world of these object and receptacle kinds: a goal on one object, it and up to two others placed at
     random, each openable receptacle closed or not at random (how seeds and the validation set are made)."""
@@ -393,10 +399,7 @@ class World:
     max_turns = MAX_TURNS
 
     def simulator_request(self, rng: random.Random, performance: str) -> SimulatorRequest:
-        objects = sorted(rng.sample(OBJECTS, 4))
-        receptacles = sorted(rng.sample(sorted(RECEPTACLES), 5))
-        if not any(r in TARGETS for r in receptacles):
-            receptacles = sorted({*receptacles[1:], rng.choice(TARGETS)})
+        objects, receptacles = offered_kinds(rng)
         prompt = (
             "Write a household world for the assistant: its task, where each object is, which receptacles are "
             "closed, one sentence each, like: task: put some mug in shelf. mug 1 is in cabinet 1. cabinet 1 is "
@@ -451,11 +454,7 @@ class World:
     def check(self, task: Task, answer: str) -> Verdict:
         """Replay the trajectory's commands (one a line) from the world's start: success is the goal reached within
         max_turns. A one-turn answer is a trajectory of one command."""
-        episode = self.episode(task)
-        for reply in answer.splitlines() or [""]:
-            if episode.done:
-                break
-            episode.step(reply)
+        episode = replay(self.episode(task), answer.splitlines() or [""])
         detail = f"{'won' if episode.won else 'not won'} in {len(episode.turns)} turns"
         return Verdict(float(episode.won), episode.won, f"{detail} (shortest {len(task.reference['solution'])})")
 
@@ -464,10 +463,7 @@ class World:
         rng = random.Random(0x7003)
         tasks: list[Task] = []
         while len(tasks) < n:
-            objects, receptacles = sorted(rng.sample(OBJECTS, 4)), sorted(rng.sample(sorted(RECEPTACLES), 5))
-            if not any(r in TARGETS for r in receptacles):
-                continue
-            task = self.parse(world_text(random_world(rng, objects, receptacles)), {})
+            task = self.parse(world_text(random_world(rng, *offered_kinds(rng))), {})
             if isinstance(task, Task):
                 tasks.append(task)
         return tasks
