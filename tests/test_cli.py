@@ -207,3 +207,25 @@ def test_a_bad_invocation_is_one_line_and_exit_2_and_creates_nothing(name, tmp_p
     assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"], "a bad invocation must not create anything"
+
+
+def test_a_log_file_gets_one_line_per_phase_where_a_terminal_gets_a_bar(monkeypatch):
+    """rich draws no progress bar where stdout is not a terminal, so a run written to a log says each phase once,
+    as it ends, with the work done and its time; a terminal's bar leaves nothing behind (transient)."""
+    import io
+
+    from rich.console import Console
+
+    from engine.cli import render
+
+    for terminal, expected in ((False, ["rollouts: 3/8 in ", "ingest: done in "]), (True, [])):
+        out = io.StringIO()
+        monkeypatch.setattr(render, "console", Console(file=out, force_terminal=terminal, width=100))
+        with render.phases() as phase:
+            with phase("rollouts") as tick:
+                tick(3, 8)
+            with phase("ingest"):
+                pass
+        lines = [line for line in out.getvalue().splitlines() if line.strip()]
+        assert [line.split("in ")[0] + "in " for line in lines if " in " in line] == expected
+        assert all(line.endswith(" s") for line in lines if not terminal)

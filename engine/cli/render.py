@@ -104,7 +104,10 @@ def replay_tables(result, epoch: int, rescore: bool) -> list[Table | str]:
 @contextlib.contextmanager
 def phases():
     """A progress bar per phase of the engine (generation, training, ingest), printed above the log lines:
-    `with phases() as phase, phase("training") as tick: tick(done, total)`."""
+    `with phases() as phase, phase("training") as tick: tick(done, total)`. Where stdout is not a terminal (a log
+    file), rich draws no bar, so each phase prints one line when it ends instead: its work done and its time."""
+    import time
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
 
     with Progress(
@@ -119,10 +122,14 @@ def phases():
 
         @contextlib.contextmanager
         def phase(description: str):
-            task = bar.add_task(description, total=None)
+            task, start = bar.add_task(description, total=None), time.monotonic()
             try:
                 yield lambda done, total: bar.update(task, completed=done, total=total)
             finally:
+                if not console.is_terminal:
+                    work = bar.tasks[bar.task_ids.index(task)]
+                    amount = f" {work.completed:.0f}/{work.total:.0f}" if work.total else " done"
+                    console.print(f"{description}:{amount} in {time.monotonic() - start:.1f} s", highlight=False)
                 bar.remove_task(task)
 
         yield phase
