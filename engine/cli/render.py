@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 
 from rich.console import Console
 from rich.table import Table
@@ -106,8 +107,6 @@ def phases():
     """A progress bar per phase of the engine (generation, training, ingest), printed above the log lines:
     `with phases() as phase, phase("training") as tick: tick(done, total)`. Where stdout is not a terminal (a log
     file), rich draws no bar, so each phase prints one line when it ends instead: its work done and its time."""
-    import time
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TimeElapsedColumn
 
     with Progress(
