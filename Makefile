@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# The CPU build of torch first, by pip, which finds it on the machine's disk (uv does not look there): an unpinned
 	# torch would pull a multi-GB CUDA build. uv then installs the rest (parallel downloads and unpacking: the whole
-	# install in about half of pip's time, docs/HACKING.md); the torch already there satisfies the pin and stays.
+	# install in about 60% of pip's time, docs/HACKING.md); the torch already there satisfies the pin and stays.
 	$(BIN)/pip install -q torch==2.13.0 uv
 	$(UV) -e '.[test,eval]'
 	# Packages that only ship weights, and BFCL's data and checker: taken without their dependencies
