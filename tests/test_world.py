@@ -242,3 +242,21 @@ def test_a_world_run_plays_trajectories_that_audit_shows_and_replay_reproduces_b
     assert answer["ok"] and any(c["kind"] == "agent" for c in answer["checkpoints"])
     for c in answer["checkpoints"]:
         assert c["replayed_sha256"] == c["recorded_sha256"], c
+
+
+@pytest.mark.unit
+def test_the_warm_start_trains_a_seed_trajectory_as_its_turns_and_leaves_out_one_it_cannot_read():
+    from trainers.update import SEED_VERSION, warm_start_rows
+
+    turn = {"prompt": "look around", "completion": "go to fridge 1", "token_ids": [5, 6], "logprobs": [0.0, 0.0]}
+    rows = pl.DataFrame(
+        {
+            "rollout_id": ["a", "b", "c"],
+            "agent_model_version": [SEED_VERSION] * 3,
+            "prompt": ["2+2?", "world b", "world c"],
+            "completion": ["4", "go to fridge 1", "never trained"],
+            "turns_json": ["", json.dumps([turn]), "not json"],
+        }
+    )
+    pairs = warm_start_rows("agent", rows)
+    assert sorted(zip(pairs["prompt"], pairs["text"])) == [("2+2?", "4"), ("look around", "go to fridge 1")]

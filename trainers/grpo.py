@@ -113,15 +113,15 @@ def readable_turns(text: str | None) -> list[dict] | None:
         turns = json.loads(text or "[]")
     except (ValueError, RecursionError):
         return None
-    if not isinstance(turns, list):
-        return None
-    for t in turns:
-        ids, logps = (t.get("token_ids"), t.get("logprobs")) if isinstance(t, dict) else (None, None)
-        if not isinstance(t.get("prompt") if isinstance(t, dict) else None, str) or not isinstance(ids, list):
-            return None
-        if not ids or not isinstance(logps, list) or len(ids) != len(logps):
-            return None
-    return turns
+    return turns if isinstance(turns, list) and all(trainable_turn(t) for t in turns) else None
+
+
+def trainable_turn(turn) -> bool:
+    """A turn GRPO can train: a prompt, and as many log-probabilities as the reply has tokens (at least one)."""
+    if not isinstance(turn, dict) or not isinstance(turn.get("prompt"), str):
+        return False
+    ids, logps = turn.get("token_ids"), turn.get("logprobs")
+    return isinstance(ids, list) and isinstance(logps, list) and 0 < len(ids) == len(logps)
 
 
 def select_rows(rows: pl.DataFrame, parent_version: int, config: GRPOConfig) -> tuple[pl.DataFrame, Counter]:

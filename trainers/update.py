@@ -75,10 +75,12 @@ def warm_start_rows(kind: str, rows: pl.DataFrame) -> pl.DataFrame:
     """The seed rows of a pool (version "seed") as (prompt, text, env_reward): reference answers or seed task texts."""
     if kind == "agent":
         rows = rows.filter(pl.col("agent_model_version") == SEED_VERSION).sort("rollout_id")
-        each = turns_of(rows)  # a multi-turn row trains as its turns, one pair a turn
+        # A multi-turn row trains as its turns, one pair a turn; one whose turns cannot be read (None) is left out,
+        # as GRPO leaves it out, not trained as a single answer.
+        each = turns_of(rows)
         pairs = [(t["prompt"], str(t.get("completion", ""))) for turns in each for t in turns or []]
         single = rows.select(pl.col("prompt"), pl.col("completion").alias("text"))
-        single = single.filter(pl.Series([not turns for turns in each], dtype=pl.Boolean))
+        single = single.filter(pl.Series([turns == [] for turns in each], dtype=pl.Boolean))
         turned = pl.DataFrame(pairs, schema={"prompt": pl.String, "text": pl.String}, orient="row")
         return pl.concat([single, turned]).with_columns(pl.lit(1.0).alias("env_reward"))
     rows = rows.filter(pl.col("env_model_version") == SEED_VERSION).sort("task_id")

@@ -70,7 +70,8 @@ class Domain(Protocol):
 
 
 def multi_turn(domain) -> bool:
-    """Whether the agent plays the domain's tasks over turns: it has `max_turns` and `episode` (domains/world.py)."""
+    """Whether the agent plays the domain's tasks over turns: a domain that does sets `max_turns` and has `episode`
+    (domains/world.py)."""
     return bool(getattr(domain, "max_turns", 0))
 
 
