@@ -32,9 +32,9 @@ run: install
 
 # Tests in WORKERS processes (pytest-xdist; a quick run's tests share one worker, and so one quick run), each
 # computing in THREADS threads: one test alone leaves a core idle most of the time (its runs wait on the broker,
-# the lake and subprocesses), so two one-thread workers keep both cores of a 2-core machine busy
-# (docs/HACKING.md has the figures). More workers where there are more cores.
-WORKERS ?= 2
+# the lake and subprocesses), and even two one-thread workers left a 2-core machine 15% idle; three kept it 95%
+# busy and ran the suite in 740 s against 800 (docs/HACKING.md). More workers where there are more cores.
+WORKERS ?= 3
 THREADS ?= 1
 PYTEST := OMP_NUM_THREADS=$(THREADS) $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup
 
