@@ -5,8 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # --compile-bytecode: uv leaves packages as source (pip compiles them), so where PYTHONDONTWRITEBYTECODE is set, as on
-# CI's machines, every process compiled transformers, TRL, datasets and GX again: about 7 of the 22 s a process took
-# to import them on 2 cores (docs/HACKING.md). Compiled once here, each of the suite's processes starts that much sooner.
+# this project's machines, every process compiled transformers, TRL, datasets and GX again: about 7 of the 22 s a
+# process took to import them on 2 cores (docs/HACKING.md). Compiled once here, each process starts that much sooner.
 UV := $(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode
 
 .PHONY: install run test test-fast lint bench clean

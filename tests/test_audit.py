@@ -158,7 +158,7 @@ class ArithThatDislikesEights(Arith):
 def test_rescore_with_a_changed_checker_reports_exactly_the_rows_whose_reward_changes(quick_run):
     lake, _ = quick_run
     run_id = run_of(lake)
-    # The newest epoch with an answer containing an 8: an epoch after the first retrains no warm start (45 s)
+    # The newest epoch with an answer containing an 8: an epoch after the first retrains no warm start (45 s).
     answers = read_table(lake, silver("rollout")).filter(pl.col("producer") != "warm-start")
     epoch = answers.filter(pl.col("completion").str.contains("8"))["epoch"].max()
     assert epoch is not None, "the quick run's answers contain no 8: pick another changed checker"
@@ -170,7 +170,6 @@ def test_rescore_with_a_changed_checker_reports_exactly_the_rows_whose_reward_ch
     rewards = read_table(lake, silver("reward")).filter(generated)
     scored = rollouts.join(rewards.select("rollout_id", "reward", "success"), on="rollout_id")
     expected = set(scored.filter(pl.col("completion").str.contains("8"))["rollout_id"])
-    assert expected, "the quick run's answers contain no 8: pick another changed checker"
     assert {c.row_id for c in result.changes if c.table == "reward"} == expected
     assert result.rescored_rollouts == rollouts.height
 
