@@ -565,8 +565,8 @@ def test_lora_updates_merge_into_a_plain_checkpoint(pool_lake):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("use_peft", [False, True])
-def test_a_mixed_precision_update_keeps_every_change_in_its_checkpoint(pool_lake, use_peft):
+@pytest.mark.parametrize("kind, use_peft", [("agent", False), ("agent", True), ("env", False)])
+def test_a_mixed_precision_update_keeps_every_change_in_its_checkpoint(pool_lake, kind, use_peft):
     """bf16 compute over fp32 master weights (or fp32 adapters on a bf16 base): the checkpoint holds the fp32 weights
     trained, so the next update starts from them, changes below bf16's spacing included. A bf16 file kept only the
     changes that moved a weight across a bf16 rounding boundary: a small fraction of a small update's."""
@@ -575,8 +575,11 @@ def test_a_mixed_precision_update_keeps_every_change_in_its_checkpoint(pool_lake
     from trainers import Precision
 
     options = {"use_peft": True, "lora_r": 4, "lora_alpha": 8} if use_peft else {}
-    config = GRPOConfig(**{**FAST_AGENT.__dict__, "learning_rate": 1e-5, **options})
-    record = train_update("agent", pool_lake, config, base_model="tiny", precision=Precision("cpu", "bf16"))
+    if kind == "agent":
+        config = GRPOConfig(**{**FAST_AGENT.__dict__, "learning_rate": 1e-5, **options})
+    else:  # the simulator's RWR update, in the same precision
+        config = RWRConfig(learning_rate=1e-5, per_device_train_batch_size=4)
+    record = train_update(kind, pool_lake, config, base_model="tiny", precision=Precision("cpu", "bf16"))
     with safe_open(str(Path(pool_lake.root) / record.path / "model.safetensors"), "pt") as weights:
         assert {weights.get_slice(k).get_dtype() for k in weights.keys()} == {"F32"}
     trained = load_model(str(Path(pool_lake.root) / record.path)).model.state_dict()  # in fp32, as the next update
