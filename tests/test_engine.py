@@ -133,17 +133,21 @@ def test_parsers_record_why_a_generation_is_not_a_task():
     assert arith.parse("Tell me about 3 and 4.", {}).reason.startswith("operation:")
     request = toolcall.simulator_request(random.Random(0), "none")
     easy, *_, hard = request.context["candidates"]
-    assert toolcall.parse("please help me with something", request.context).reason.startswith("missing_value")
+    assert toolcall.parse("please help me with something", request.context).reason.startswith("no_choice")
+    assert toolcall.parse("(a) please help me with something", request.context).reason.startswith("missing_value")
     call = easy["calls"][0]
-    assert toolcall.parse(f"{call['name']}(x) please", request.context).reason.startswith("leaks_call")
+    assert toolcall.parse(f"(a) {call['name']}(x) please", request.context).reason.startswith("leaks_call")
     values = " ".join(str(v) for c in hard["calls"] for v in c["arguments"].values())
-    assert toolcall.parse(f"Please do this: {values}", request.context).difficulty["level"] == hard["level"]
+    task = toolcall.parse(f"(d) Please do this: {values}", request.context)
+    assert task.difficulty["level"] == hard["level"] and task.prompt == f"Please do this: {values}"
+    # The letter names the task: the hardest one's values under the easiest one's letter are not its request.
+    assert toolcall.parse(f"(a) Please do this: {values}", request.context).reason.startswith("missing_value")
     words = [v for c in easy["calls"] for v in c["arguments"].values() if isinstance(v, str) and len(v) >= 3]
     words = [
         w for w in words if w.lower() not in {str(v).lower() for c in hard["calls"] for v in c["arguments"].values()}
     ]
     assert words, easy  # the easy candidate names a city, a currency, a contact or a message of its own
-    mixed = toolcall.parse(f"Please do this: {values}, then {words[0]}", request.context)
+    mixed = toolcall.parse(f"(d) Please do this: {values}, then {words[0]}", request.context)
     assert mixed.reason.startswith("ambiguous: the request also carries"), mixed
     context = {"subject": "France", "relation": "capital", "answer": "Paris", "tier": 0}
     assert qa.parse("Is Paris the capital of France?", context).reason.startswith("leaks_answer")
@@ -332,7 +336,7 @@ def test_toolcall_seeds_can_come_from_api_bank():
     seeds = domain.seeds(random.Random(0), 20)
     assert len(seeds) == 20 and len(domain.seed_file) > 300
     for _request, text, task in seeds:
-        assert text == task.prompt and domain.check(task, domain.reference_answer(task)).success
+        assert text == f"(a) {task.prompt}" and domain.check(task, domain.reference_answer(task)).success
     with pytest.raises(ValueError, match="does not exist"):
         get_domain("toolcall", str(data / "missing.json"))
 
@@ -375,36 +379,39 @@ def test_toolcall_levels_climb_a_ladder_and_the_candidates_span_it():
     # The simulator may write the words too: the parser finds the candidate from them.
     request = toolcall.simulator_request(random.Random(3), "none")
     top = request.context["candidates"][-1]
-    text = "Please: " + " ".join(spoken(v) for c in top["calls"] for v in c["arguments"].values())
+    text = "(d) Please: " + " ".join(spoken(v) for c in top["calls"] for v in c["arguments"].values())
     assert toolcall.parse(text, request.context).difficulty["level"] == top["level"]
 
 
 @pytest.mark.unit
 def test_the_requests_the_seeds_teach_are_the_request_grammars_form():
-    """The simulator is warm-started on `template_text` requests and then generates under `request_grammar`: every
-    seed request is inside the grammar (one candidate's calls in its templates, a value in either form, what the
-    templates leave out in a closing parenthesis), and nothing else is: a request with a word of its own, a
-    spelled-out call, a value missing, another candidate's value."""
+    """The simulator is warm-started on `template_text` requests after their candidate's letter and then generates
+    under `request_grammar`: every seed request is inside the grammar (the letter, one candidate's calls in its
+    templates, a value in either form, what the templates leave out in a closing parenthesis), and nothing else
+    is: a request with a word of its own, a spelled-out call, a value missing, another candidate's value, another
+    candidate's letter, no letter."""
     from xgrammar.testing import _is_grammar_accept_string as accepts
 
-    from engine.domains.toolcall import template_text
+    from engine.domains.toolcall import letter, template_text
 
     domain, rng = get_domain("toolcall"), random.Random(0)
     refused = []
     for _ in range(100):
         request = domain.simulator_request(rng, "none yet")
-        for spec in request.context["candidates"]:
-            text = template_text(rng, spec)
+        for i, spec in enumerate(request.context["candidates"]):
+            text = f"{letter(i)} {template_text(rng, spec)}"
             if not accepts(request.grammar, text):
                 refused.append(text)
     assert not refused, refused
     spec, other = request.context["candidates"][:2]
-    good = template_text(rng, spec)
+    good = f"(a) {template_text(rng, spec)}"
     assert accepts(request.grammar, good)
     call = spec["calls"][0]
     first = str(next(iter(call["arguments"].values())))
     refusals = [
-        "Please: " + good,
+        good.replace("(a) ", "(a) Please: "),
+        good.replace("(a) ", "(b) "),
+        good.replace("(a) ", ""),
         good + f" {call['name']}(x=1)",
         good.replace(first, "").replace(first.lower(), ""),
         good.rstrip(".?!") + f" and {next(iter(other['calls'][0]['arguments'].values()))}.",

@@ -1,11 +1,14 @@
 """toolcall: function calling in the style of BFCL and API-Bank.
 
 The domain fixes candidate calls (function and argument values, tools offered) at eight levels of
-difficulty (LEVELS); the simulator picks one of four candidates, one from each quarter of the range,
-and writes the user's request for it in the form of the seed requests (`request_grammar`), and the parser
-finds the candidate whose every value the request carries, in the call's form or the spoken one (and
-refuses a request that spells out a call, or that also carries another candidate's words: it asks for two
-things and its reference is one of them). Which candidate the simulator picks is how it sets the difficulty.
+difficulty (LEVELS); the simulator picks one of four candidates, one from each quarter of the range, names it
+by its letter in the menu and writes the user's request for it in the form of the seed requests
+(`request_grammar`): "(c) Convert 20 EUR to JPY. What time is it in Oslo?". The parser takes the named
+candidate, checks that the request carries its every value, in the call's form or the spoken one, and refuses a
+request that spells out a call or that also carries another candidate's words (it asks for two things and its
+reference is one of them). The task's prompt is the request without its letter. Which letter the simulator
+writes is how it sets the difficulty: one token whose meaning is the same in every request ((a) the easiest
+quarter of the levels, (d) the hardest), so that RWR's weights move the choice itself.
 The agent answers with a Python-style call, `name(arg='value', ...)` (one per line for parallel requests), which the
 checker reads with `ast` (never eval) and scores with bfcl-eval's own AST checker, the one the BFCL
 benchmark uses (engine/domains/calls.py): the function name, every required parameter present, no
@@ -306,6 +309,11 @@ def signature(tool: dict) -> str:
     return f"{tool['name']}({', '.join(parts)})"
 
 
+def letter(i: int) -> str:
+    """How the menu and the request name the i-th candidate: (a), (b), ..."""
+    return f"({chr(97 + i)})"
+
+
 def template_text(rng: random.Random, spec: dict) -> str:
     """A plain request for a spec from the templates, carrying every value the calls need (in the spoken form
     at the levels that take it)."""
@@ -337,7 +345,12 @@ def request_grammar(candidates: list[dict]) -> str:
     generation was valid but its words were salad the agent read as another call ("Book a table for 8 in Tunis.
     Convert 21:15 to In Right."). In the templates' form a request can carry no other candidate's value and no
     spelled-out call, every seed request is inside the grammar (what the warm start taught the simulator is what
-    it may write), and the simulator's choice is what the curriculum is about: which candidate, so which level."""
+    it may write), and the simulator's choice is what the curriculum is about: which candidate, so which level.
+
+    Why the letter first: without it the choice was spread over the template's and the values' tokens, which differ
+    from request to request, and RWR's weights on a few rows an epoch did not move it (docs/RESULTS.md, the
+    ablation at level granularity: after an update that weighed the in-band choices 100x, the simulator still
+    chose the easy quarter 9 times in 10)."""
 
     def value(v) -> str:
         return "(" + " | ".join(json.dumps(form) for form in sorted({str(v), spoken(v)})) + ")"
@@ -369,7 +382,7 @@ def request_grammar(candidates: list[dict]) -> str:
                 inside = ' ", " '.join(f'"{k} " {value(call["arguments"][k])}' for call, k in left)
                 form += f' " (" {inside} ")."'
             forms.append(form)
-        rules.append(f"candidate{i} ::= " + " | ".join(f"({form})" for form in forms))
+        rules.append(f'candidate{i} ::= "{letter(i)} " (' + " | ".join(f"({form})" for form in forms) + ")")
     return "\n".join([f"root ::= {' | '.join(f'candidate{i}' for i in range(len(candidates)))}", *rules])
 
 
@@ -411,7 +424,7 @@ class ToolCall:
         bands = BANDS if choices == len(BANDS) else [(i, i) for i in sorted(rng.sample(range(len(LEVELS)), choices))]
         levels = [rng.randint(low, high) for low, high in bands]
         candidates = [self._spec(rng, cities[i * 5 : (i + 1) * 5], level) for i, level in enumerate(levels)]
-        menu = " ".join(f"({chr(97 + i)}) level {c['level']}: {menu_entry(c)}" for i, c in enumerate(candidates))
+        menu = " ".join(f"{letter(i)} level {c['level']}: {menu_entry(c)}" for i, c in enumerate(candidates))
         prompt = (
             f"Pick a task and write the user's message for it, with every value, no code. {menu}. "
             f"Assistant's results: {performance}."
@@ -421,26 +434,28 @@ class ToolCall:
         )
 
     def parse(self, generation: str, context: dict) -> Task | Invalid:
-        """The candidate whose every value the request carries (the most specific one if several do), unless the
-        request also carries another candidate's words."""
+        """The candidate the request names by its letter, if the request carries its every value and no other
+        candidate's words; the task's prompt is the request after the letter."""
         text = generation.strip().split("\n")[0].strip()
+        candidates = context["candidates"]
+        chosen = next((i for i in range(len(candidates)) if text.startswith(f"{letter(i)} ")), None)
+        if chosen is None:
+            return Invalid(
+                f"no_choice: the request does not open with a candidate's letter, {letter(0)} to "
+                f"{letter(len(candidates) - 1)}"
+            )
+        best, text = candidates[chosen], text[len(letter(chosen)) :].strip()
         if not 8 <= len(text) <= MAX_REQUEST:
             return Invalid(f"length: the request has {len(text)} characters, expected 8 to {MAX_REQUEST}")
         lowered = text.lower()
-        best, best_missing = None, None
-        for spec in context["candidates"]:
+        for spec in candidates:
             for call in spec["calls"]:
                 if f"{call['name']}(" in lowered:
                     return Invalid(f"leaks_call: the request spells out {call['name']}(...)")
-            values = [(param, value) for call in spec["calls"] for param, value in call["arguments"].items()]
-            missing = [(p, v) for p, v in values if not carries(lowered, v)]
-            if not missing and (best is None or len(values) > sum(len(c["arguments"]) for c in best["calls"])):
-                best = spec
-            if missing and (best_missing is None or len(missing) < len(best_missing)):
-                best_missing = missing
-        if best is None:
-            param, value = best_missing[0]
-            return Invalid(f"missing_value: no task's values all appear ({param}={value!r} is missing)")
+        missing = [(p, v) for call in best["calls"] for p, v in call["arguments"].items() if not carries(lowered, v)]
+        if missing:
+            param, value = missing[0]
+            return Invalid(f"missing_value: the request leaves out {param}={value!r} of the task it names")
         # A request that also states another candidate's words (a city, a currency, a name, a message) asks for two
         # things, and its reference is one of them. Such groups were most of a run's mixed ones (7 of 8 answers
         # right), and their one wrong answer, the other clause's call, is the push that took the agent off the
@@ -456,7 +471,7 @@ class ToolCall:
         }
         others = [
             (param, value)
-            for spec in context["candidates"]
+            for spec in candidates
             if spec is not best
             for call in spec["calls"]
             for param, value in call["arguments"].items()
@@ -487,20 +502,21 @@ class ToolCall:
             out = []
             for text, task in rng.sample(self.seed_file, min(n, len(self.seed_file))):
                 spec = {"level": 1, "calls": task.reference, "offered": [t["name"] for t in task.tools]}
-                menu = "(a) level 1: " + "; ".join(format_call(c) for c in task.reference)
+                menu = f"{letter(0)} level 1: " + "; ".join(format_call(c) for c in task.reference)
                 summary = example_summary(rng, self.difficulty_feature, list(range(len(LEVELS))))
                 prompt = (
                     f"Pick a task and write the user's message for it, with every value, no code. {menu}. "
                     f"Assistant's results: {summary}."
                 )
-                out.append((SimulatorRequest(prompt, {"candidates": [spec]}), text, task))
+                out.append((SimulatorRequest(prompt, {"candidates": [spec]}), f"{letter(0)} {text}", task))
             return out
         out = []
         for _ in range(n):
             request = self.simulator_request(
                 rng, example_summary(rng, self.difficulty_feature, list(range(len(LEVELS))))
             )
-            text = template_text(rng, rng.choice(request.context["candidates"]))  # the seeds pick at random
+            chosen = rng.randrange(len(request.context["candidates"]))  # the seeds pick at random
+            text = f"{letter(chosen)} {template_text(rng, request.context['candidates'][chosen])}"
             out.append((request, text, self.parse(text, request.context)))
         return out
 
