@@ -68,6 +68,32 @@ def test_level_granularity_pools_a_level_and_the_in_band_share_counts_tasks():
         CurriculumConfig(granularity="epoch").check()
 
 
+@pytest.mark.unit
+def test_the_warm_starts_seed_scores_never_take_the_names_of_epoch_0s_level_groups():
+    """At level granularity an epoch's groups are named by the epoch ("{run}-e0:level2"). The seeds are scored in
+    epoch 0 as well; when they were grouped by level too, their BatchScored events had epoch 0's identities, so
+    epoch 0's own scores were quarantined as conflicting duplicates and the simulator's first RWR update had no
+    rows. Each seed is its own group."""
+    from engine.coevolution import GeneratedTask, Scorer, load_config
+
+    config = load_config("quick", None, ["curriculum.granularity=level"])
+    domain = get_domain("toolcall")
+    seeds = domain.seeds(random.Random(0), 8)
+    scorer = Scorer(config, domain, "r1")
+
+    def generated(batch: str, prefix: str, version: str) -> list[GeneratedTask]:
+        return [GeneratedTask(f"{prefix}-t{i}", batch, "", t, p, version, 0) for i, (_, t, p) in enumerate(seeds)]
+
+    seed_scores = scorer.seeds(generated("r1-seed", "r1-seed", "seed"))
+    epoch_scores = scorer.groups(
+        generated("r1-e0-b0", "r1-e0", "1"), {f"r1-e0-t{i}": [True, False] for i in range(8)}, 0
+    )
+    assert len(seed_scores) == 8 and all(s.n_tasks == 1 and s.granularity == "task" for s in seed_scores)
+    assert {s.batch_id.split(":")[1] for s in epoch_scores} <= {f"level{i}" for i in range(8)}
+    assert not {s.event_id for s in seed_scores} & {s.event_id for s in epoch_scores}
+    assert not {s.batch_id for s in seed_scores} & {s.batch_id for s in epoch_scores}
+
+
 # -- the checkers --------------------------------------------------------------------------------------
 
 MALICIOUS = [

@@ -195,7 +195,8 @@ def ablation(
         int,
         typer.Option(
             help="Processes that run seeds side by side, each with its own local broker, lake (<lake>/job<i>) and "
-            "share of the cores (each holds its own models: about 6 GB at the default)."
+            "share of the cores (each holds its own models: about 6 GB at the default). On 2 cores two jobs are "
+            "slower than one."
         ),
     ] = 1,
 ) -> None:

@@ -105,8 +105,10 @@ def run_seeds(base: RunConfig, seeds, lake: Lake, servers: str, out: Path, say, 
 def run_jobs(base: RunConfig, seeds: int, jobs: int, lake: Lake, out: Path, say, modes, measure) -> dict:
     """The seeds dealt round-robin to `jobs` processes that run side by side, each with its own local broker and lake
     (<lake>/job<i>: a lake has one ingestor, and an ingestor takes every record of its broker's topics), its share
-    of the cores as torch threads, and its runs.json in <out>/job<i>; their runs merged in seed order. Whether two
-    jobs of one thread finish sooner than one of two threads on a 2-core machine has not been measured yet."""
+    of the cores as torch threads, and its runs.json in <out>/job<i>; their runs merged in seed order. On the
+    project's 2-core machines two jobs of one thread are slower than one of two threads: the default's warm start
+    took 333 and 346 s side by side against 194 s alone in the same hour (docs/RESULTS.md), so --jobs is for
+    machines with cores to spare."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch threads or sockets forked

@@ -557,6 +557,13 @@ class Scorer:
             producer=producer,
         )
 
+    def seeds(self, tasks: list[GeneratedTask]) -> list[BatchScored]:
+        """The warm start's seed tasks, each scored alone on its one rollout, the reference answer. Not at the run's
+        granularity: the seeds are no epoch's choices, and at level granularity their groups took epoch 0's names
+        (`{run}-e0:level2`), so the epoch's own scores were quarantined as conflicting duplicates and the
+        simulator's first update found no rows (docs/RESULTS.md)."""
+        return self.groups(tasks, {t.task_id: [True] for t in tasks}, 0, granularity="task", producer="warm-start")
+
     def groups(
         self,
         tasks: list[GeneratedTask],

@@ -394,7 +394,7 @@ class CoEvolution:
                     producer="warm-start",
                 )
             )
-        events += self.scorer.groups(tasks, {t.task_id: [True] for t in tasks}, 0, producer="warm-start")
+        events += self.scorer.seeds(tasks)
         self.writer.publish(events)
         self.writer.land()
         # Steps and micro-batches as the simulator's RWR updates take them ([env]; by default steps of 8 rows in
