@@ -350,7 +350,7 @@ def request_grammar(candidates: list[dict]) -> str:
     Why the letter first: without it the choice was spread over the template's and the values' tokens, which differ
     from request to request, and RWR's weights on a few rows an epoch did not move it (docs/RESULTS.md, the
     ablation at level granularity: after an update that weighed the in-band choices 100x, the simulator still
-    chose the easy quarter 9 times in 10)."""
+    chose level 3 or below 9 times in 10)."""
 
     def value(v) -> str:
         return "(" + " | ".join(json.dumps(form) for form in sorted({str(v), spoken(v)})) + ")"
@@ -444,7 +444,7 @@ class ToolCall:
                 f"no_choice: the request does not open with a candidate's letter, {letter(0)} to "
                 f"{letter(len(candidates) - 1)}"
             )
-        best, text = candidates[chosen], text[len(letter(chosen)) :].strip()
+        named, text = candidates[chosen], text[len(letter(chosen)) :].strip()
         if not 8 <= len(text) <= MAX_REQUEST:
             return Invalid(f"length: the request has {len(text)} characters, expected 8 to {MAX_REQUEST}")
         lowered = text.lower()
@@ -452,7 +452,7 @@ class ToolCall:
             for call in spec["calls"]:
                 if f"{call['name']}(" in lowered:
                     return Invalid(f"leaks_call: the request spells out {call['name']}(...)")
-        missing = [(p, v) for call in best["calls"] for p, v in call["arguments"].items() if not carries(lowered, v)]
+        missing = [(p, v) for call in named["calls"] for p, v in call["arguments"].items() if not carries(lowered, v)]
         if missing:
             param, value = missing[0]
             return Invalid(f"missing_value: the request leaves out {param}={value!r} of the task it names")
@@ -461,18 +461,18 @@ class ToolCall:
         # right), and their one wrong answer, the other clause's call, is the push that took the agent off the
         # easiest level (docs/RESULTS.md, "Why the early gain fades"). Numbers are left out: a small one turns up
         # by chance.
-        own = {str(v).lower() for call in best["calls"] for v in call["arguments"].values()}
+        own = {str(v).lower() for call in named["calls"] for v in call["arguments"].values()}
         # ... and the defaults of its calls' parameters, which a template may state ("right now, in celsius").
         own |= {
             str(spec["default"]).lower()
-            for call in best["calls"]
+            for call in named["calls"]
             for spec in TOOLS[call["name"]]["parameters"]["properties"].values()
             if "default" in spec
         }
         others = [
             (param, value)
             for spec in candidates
-            if spec is not best
+            if spec is not named
             for call in spec["calls"]
             for param, value in call["arguments"].items()
             if isinstance(value, str) and len(value) >= 3 and value.lower() not in own
@@ -480,7 +480,7 @@ class ToolCall:
         for param, value in others:
             if carries(lowered, value):
                 return Invalid(f"ambiguous: the request also carries {param}={value!r} of another task")
-        return self._task(text, best)
+        return self._task(text, named)
 
     def _task(self, text: str, spec: dict) -> Task:
         calls = spec["calls"]
