@@ -76,7 +76,7 @@ def test_the_warm_starts_seed_scores_never_take_the_names_of_epoch_0s_level_grou
     rows. Each seed is its own group."""
     from engine.coevolution import GeneratedTask, Scorer, load_config
 
-    config = load_config("quick", None, ["curriculum.granularity=level"])
+    config = load_config("quick", None, ["domain=toolcall", "curriculum.granularity=level"])
     domain = get_domain("toolcall")
     seeds = domain.seeds(random.Random(0), 8)
     scorer = Scorer(config, domain, "r1")
