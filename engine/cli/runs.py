@@ -199,6 +199,14 @@ def ablation(
             "slower than one."
         ),
     ] = 1,
+    share_warm_start: Annotated[
+        bool,
+        typer.Option(
+            help="Every seed starts from the first seed's warm start and validation before training (each job's "
+            "first with --jobs): one warm start (about 3 min on 2 cores) and one 200-item validation an ablation "
+            "instead of one a seed; the seeds then vary only the runs' sampling and order."
+        ),
+    ] = False,
 ) -> None:
     """genenv, genenv-random, genenv-static and seeds-only at equal rollout budget: a table and a plot."""
     from engine.coevolution import MODES, check_machine, load_config, run_ablation
@@ -235,6 +243,7 @@ def ablation(
             phase=phase,
             measure=with_measures,
             jobs=jobs,
+            share_warm_start=share_warm_start,
         )
         if out is None and lake_.files.remote:
             lake_.files.upload_folder(relative)

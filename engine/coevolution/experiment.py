@@ -1,12 +1,11 @@
 """The ablation (docs/DESIGN.md, "Modes and the ablation"): the four modes at equal agent-rollout budget, over seeds.
 
-Every mode runs tasks_per_epoch x group_size rollouts per epoch for the same number of epochs, so
-the agent sees the same number of rollouts; what differs is where its tasks come from. Every mode of a
-seed starts from that seed's warm start. The table gives, per mode, the mean over seeds and a 95%
-bootstrap interval of each measure (MEASURES: validation, its gain, the in-band share over the last
-half of the epochs, the simulator's selection bias and its trend, informative groups), and the paired
-differences against genenv-random; the plot, validation accuracy, in-band share and selection bias per
-epoch per mode.
+Every mode runs tasks_per_epoch x group_size rollouts per epoch for the same number of epochs, so the agent sees the
+same number of rollouts; what differs is where its tasks come from. Every mode of a seed starts from that seed's warm
+start (or every seed from the first seed's: `share_warm_start`). The table gives, per mode, the mean over seeds and a
+95% bootstrap interval of each measure (MEASURES: validation, its gain, the in-band share over the last half of the
+epochs, the simulator's selection bias and its trend, informative groups), and the paired differences against
+genenv-random; the plot, validation accuracy, in-band share and selection bias per epoch per mode.
 """
 
 from __future__ import annotations
@@ -43,15 +42,19 @@ def run_ablation(
     phase=None,
     measure: Callable[[list[EpochMetrics], Lake, str], list[EpochMetrics]] = _as_measured,
     jobs: int = 1,
+    share_warm_start: bool = False,
 ) -> dict:
     """measure(metrics, lake, run_id): each run's metrics with the curriculum measures filled from the lake
     (engine.lineage.with_measures; passed in, as the lineage package depends on this one). With jobs > 1 the seeds
-    run in that many processes side by side (`run_jobs`), and `lake` and `servers` only name where their lakes go."""
+    run in that many processes side by side (`run_jobs`), and `lake` and `servers` only name where their lakes go.
+    share_warm_start: every seed starts from the first seed's warm start and validation (a job's first, with jobs >
+    1), so that an ablation pays one warm start and one validation before training, not one a seed; the seeds then
+    vary only what comes after (the simulator's and the agent's sampling, the order of training)."""
     out.mkdir(parents=True, exist_ok=True)
     if jobs > 1:
-        results = run_jobs(base, seeds, jobs, lake, out, say, modes, measure)
+        results = run_jobs(base, seeds, jobs, lake, out, say, modes, measure, share_warm_start)
     else:
-        results = run_seeds(base, range(seeds), lake, servers, out, say, modes, phase, measure)
+        results = run_seeds(base, range(seeds), lake, servers, out, say, modes, phase, measure, share_warm_start)
     table = summarise(results)
     (out / "ablation.json").write_text(json.dumps(table, indent=2, allow_nan=False))
     (out / "ablation.md").write_text(markdown(table, base, seeds))
@@ -59,11 +62,15 @@ def run_ablation(
     return table
 
 
-def run_seeds(base: RunConfig, seeds, lake: Lake, servers: str, out: Path, say, modes, phase, measure) -> dict:
+def run_seeds(
+    base: RunConfig, seeds, lake: Lake, servers: str, out: Path, say, modes, phase, measure, share_warm_start=False
+) -> dict:
     """Each seed's runs, one after the other, with runs.json in `out` rewritten after each run."""
     results: dict[str, list[dict]] = {mode: [] for mode in modes}
+    start_from, initial = (0, 0), None
     for seed in seeds:
-        start_from, initial = (0, 0), None
+        if not share_warm_start:
+            start_from, initial = (0, 0), None
         for mode in ("genenv", *[m for m in modes if m != "genenv"]):
             # Every mode of a seed starts from the same warm-started models (the first run's), so the modes
             # differ only in where the agent's tasks come from.
@@ -102,7 +109,9 @@ def run_seeds(base: RunConfig, seeds, lake: Lake, servers: str, out: Path, say, 
     return results
 
 
-def run_jobs(base: RunConfig, seeds: int, jobs: int, lake: Lake, out: Path, say, modes, measure) -> dict:
+def run_jobs(
+    base: RunConfig, seeds: int, jobs: int, lake: Lake, out: Path, say, modes, measure, share_warm_start=False
+) -> dict:
     """The seeds dealt round-robin to `jobs` processes that run side by side, each with its own local broker and lake
     (<lake>/job<i>: a lake has one ingestor, and an ingestor takes every record of its broker's topics), its share
     of the cores as torch threads, and its runs.json in <out>/job<i>; their runs merged in seed order. On the
@@ -116,7 +125,7 @@ def run_jobs(base: RunConfig, seeds: int, jobs: int, lake: Lake, out: Path, say,
     processes = []
     for job in range(min(jobs, seeds)):
         args = (base, list(range(job, seeds, jobs)), f"{lake.root}/job{job}", out / f"job{job}", modes, measure)
-        process = context.Process(target=_job, args=(*args, threads, job), name=f"job{job}")
+        process = context.Process(target=_job, args=(*args, threads, job, share_warm_start), name=f"job{job}")
         process.start()
         processes.append(process)
     for process in processes:
@@ -135,7 +144,7 @@ def run_jobs(base: RunConfig, seeds: int, jobs: int, lake: Lake, out: Path, say,
     return results
 
 
-def _job(base, seeds, lake_root, out, modes, measure, threads, job) -> None:
+def _job(base, seeds, lake_root, out, modes, measure, threads, job, share_warm_start) -> None:
     """One process of `run_jobs`: its seeds through its own broker and lake."""
     import torch
 
@@ -154,6 +163,7 @@ def _job(base, seeds, lake_root, out, modes, measure, threads, job) -> None:
             modes,
             None,
             measure,
+            share_warm_start,
         )
 
 
