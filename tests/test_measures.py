@@ -268,3 +268,24 @@ def test_an_ablations_later_modes_keep_the_ptx_term_of_the_shared_warm_start(bro
     )
     ptx = [json.loads(m)["ptx_rows"] for m in updates["metrics_json"]]
     assert ptx and all(ptx), ptx
+
+
+@pytest.mark.e2e
+def test_an_ablation_with_a_shared_warm_start_warm_starts_once_for_all_its_seeds(broker, lake, tmp_path):
+    """--share-warm-start: the second seed's runs start from the first seed's warm-started checkpoints and its
+    validation before training, so the lake holds one warm start of each role however many seeds ran. seeds-only as
+    the later mode: its tasks are valid whatever the tiny simulator writes, so it has updates whose parents to read."""
+    from engine.coevolution import run_ablation
+
+    base = load_config("quick", None, ["epochs=1", "warm_start_epochs=10"])
+    modes = ("genenv", "seeds-only")
+    run_ablation(base, 2, lake, broker.bootstrap, tmp_path, say=lambda *_: None, modes=modes, share_warm_start=True)
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    assert [r["seed"] for r in runs["seeds-only"]] == [0, 1]
+    assert len({r["initial"] for mode in modes for r in runs[mode]}) == 1
+    registry = read_table(lake, "registry/checkpoints")
+    warm = registry.filter(pl.col("metrics_json").str.contains('"warm_start": true'))
+    assert warm.height == 2 and set(warm["run_id"]) == {runs["genenv"][0]["run_id"]}  # one of each role, by seed 0
+    warm_agent = warm.filter(pl.col("model_kind") == "agent")["version"][0]
+    later = registry.filter((pl.col("run_id") == runs["seeds-only"][1]["run_id"]) & (pl.col("model_kind") == "agent"))
+    assert later["parent_version"].to_list() == [warm_agent]  # seed 1's one update, on seed 0's warm start

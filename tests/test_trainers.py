@@ -220,6 +220,33 @@ def test_the_warm_start_is_trls_sft_on_the_completion_tokens_only_and_is_determi
 
 
 @pytest.mark.unit
+def test_the_warm_starts_activation_checkpointing_changes_its_memory_not_its_weights():
+    """The simulator's warm start recomputes its activations in the backward pass (engine/coevolution/sync.py): the
+    same rows, options and seed give the weights of the SFT that keeps them."""
+    from trainers.sft import train_sft
+
+    trained = []
+    for checkpointing in (False, True):
+        agent = load_model("tiny", seed=0)
+        rows = pl.DataFrame(
+            {"prompt": [render_prompt(agent.tokenizer, f"recite {i}") for i in range(4)], "text": ["abc", "def"] * 2}
+        )
+        options = RWRConfig(
+            learning_rate=3e-3,
+            per_device_train_batch_size=2,
+            kl_coef=0.0,
+            num_train_epochs=2,
+            seed=3,
+            gradient_checkpointing=checkpointing,
+        )
+        train_sft(agent.model, agent.tokenizer, rows, options, CPU)
+        assert agent.model.is_gradient_checkpointing == checkpointing
+        trained.append({k: v.clone() for k, v in agent.model.state_dict().items()})
+    assert all(torch.allclose(trained[0][k], trained[1][k], atol=1e-6) for k in trained[0])
+    assert any(not torch.equal(trained[0][k], load_model("tiny", seed=0).model.state_dict()[k]) for k in trained[0])
+
+
+@pytest.mark.unit
 def test_the_warm_starts_completion_only_loss_equals_sfttrainers_own():
     """The warm start scores the completion positions only (trainers/sft.py `completion_sft_trainer`: SFTTrainer's
     fused head scores every position on a CPU); its loss is SFTTrainer's own on the same batch."""

@@ -271,5 +271,8 @@ class Trainer:
         parent update's), left holding where it ended."""
         torch.manual_seed(self.config.seed)
         batches = self.micro_batches(rows)
+        # The micro-batches hold the reference's log-probabilities: the reference model (a whole model's weights)
+        # is not needed while the gradients and AdamW's moments are, the update's largest moment.
+        self.ref_model = None
         metrics = optimise(self.model, batches, self.loss, self.config, self.passes, progress, self.accelerator, state)
         return {**metrics, **self.summary(rows, batches)}

@@ -145,9 +145,19 @@ def train_update(
     # The parent, verified against its sha256; where its optimiser stands; the KL term's reference.
     loaded = load_checkpoint(lake, kind, parent, base_model, master_weights(precision, config))
     state = starting_optimizer(lake, kind, parent, config, warm_start, fsdp)
-    ref = reference_model(lake, kind, reference, base_model, config, precision)
+    # The reference is passed, not kept: the trainer drops it once its log-probabilities are computed.
     model, metrics, weights = fit(
-        loaded, selected, dropped, config, ref, warm_start, progress, precision, group, state, anchor
+        loaded,
+        selected,
+        dropped,
+        config,
+        reference_model(lake, kind, reference, base_model, config, precision),
+        warm_start,
+        progress,
+        precision,
+        group,
+        state,
+        anchor,
     )
 
     # The child: the next version, saved whole with its lineage and optimiser state, its files published.
@@ -361,6 +371,7 @@ def fit(
         trainer = grpo.GRPOTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group, anchor=anchor)
     else:
         trainer = rwr.RWRTrainer(loaded.model, loaded.tokenizer, config, ref, compute, group)
+    del ref  # the trainer's is the last reference, dropped once it is used (`Trainer.train`)
     metrics = trainer.train(selected, progress, state)
     tail = (
         distributed.left_out(selected.height, config.per_device_train_batch_size, group.num_processes) if group else 0

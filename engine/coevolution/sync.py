@@ -409,7 +409,12 @@ class CoEvolution:
             seed=cfg.seed,
         )
         agent = self.train("agent", epoch=0, options=sft, warm_start=True)
-        env = self.train("env", epoch=0, options=sft, warm_start=True) if self.simulator.needs_model else None
+        # The simulator's SFT recomputes its activations in the backward pass (activation checkpointing): SFTTrainer
+        # takes the logits of every position of its long prompts, and with the layers' activations that made this
+        # the run's largest moment (4.47 GB in the process against 3.4-3.9 GB in the updates, docs/RESULTS.md "Time
+        # and memory"), at the cost of a second forward pass.
+        simulator_sft = replace(sft, gradient_checkpointing=True)
+        env = self.train("env", epoch=0, options=simulator_sft, warm_start=True) if self.simulator.needs_model else None
         self.load(agent or self.rollouts.version, env or self.simulator.version)
         self.warm_started = (self.rollouts.version, self.simulator.version)
         self.say(
@@ -560,9 +565,11 @@ class CoEvolution:
         only the freed heap given back, as every lap does)."""
         role = self.rollouts if kind == "agent" else self.simulator
         parent = role.version
-        # The trainer loads its own fp32 copy of the parent: the role's copy would only add to the peak memory, and
-        # the role loads the new checkpoint (or the parent again) afterwards anyway.
-        role.unload()
+        # The trainer loads its own fp32 copy of the parent, and no role generates while it trains: both roles' copies
+        # would only add to the peak memory (the idle one 0.54 GB of a 135M model in fp32, docs/RESULTS.md "Time and
+        # memory"), and each is loaded again where it is next used (the epoch's end, `load`), a few seconds each.
+        self.rollouts.unload()
+        self.simulator.unload()
         what = f"{'warm start' if warm_start else f'epoch {epoch}'}: training {kind}"
         try:
             with self.phase(what) as tick:
