@@ -181,6 +181,23 @@ def test_the_ptx_term_trains_the_warm_start_answers_beside_grpo():
     assert nll[1.0][1] < 0.5 * nll[1.0][0] and nll[1.0][1] < nll[0.0][1], nll
 
 
+# A warm start's rows and options in the SFT tests: 6 rows in micro-batches of 2, accumulated 2 a step.
+SFT_OPTIONS = dict(
+    learning_rate=3e-3,
+    per_device_train_batch_size=2,
+    gradient_accumulation_steps=2,
+    kl_coef=0.0,
+    num_train_epochs=8,
+    seed=3,
+)
+
+
+def sft_rows(tokenizer) -> pl.DataFrame:
+    return pl.DataFrame(
+        {"prompt": [render_prompt(tokenizer, f"recite {i}") for i in range(6)], "text": ["abc", "def", "ghi"] * 2}
+    )
+
+
 @pytest.mark.unit
 def test_the_warm_start_is_trls_sft_on_the_completion_tokens_only_and_is_deterministic():
     """The seed warm start trains through TRL's SFTTrainer (trainers/sft.py) on ids tokenized as every other part
@@ -189,21 +206,11 @@ def test_the_warm_start_is_trls_sft_on_the_completion_tokens_only_and_is_determi
     from trainers.batching import supervised_ids
     from trainers.sft import completion_rows, train_sft
 
-    rows_of = lambda tok: pl.DataFrame(  # noqa: E731
-        {"prompt": [render_prompt(tok, f"recite {i}") for i in range(6)], "text": ["abc", "def", "ghi"] * 2}
-    )
-    options = RWRConfig(
-        learning_rate=3e-3,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        kl_coef=0.0,
-        num_train_epochs=8,
-        seed=3,
-    )
+    options = RWRConfig(**SFT_OPTIONS)
     trained, ticks = [], []
     for _ in range(2):
         agent = load_model("tiny", seed=0)
-        rows = rows_of(agent.tokenizer)
+        rows = sft_rows(agent.tokenizer)
         data = completion_rows(agent.tokenizer, rows)
         prompts, texts = supervised_ids(agent.tokenizer, rows["prompt"].to_list(), rows["text"].to_list())
         assert data["input_ids"][0] == prompts[0] + texts[0] and texts[0][-1] == agent.tokenizer.eos_token_id
@@ -228,18 +235,8 @@ def test_the_warm_starts_activation_checkpointing_changes_its_memory_not_its_wei
     trained = []
     for checkpointing in (False, True):
         agent = load_model("tiny", seed=0)
-        rows = pl.DataFrame(
-            {"prompt": [render_prompt(agent.tokenizer, f"recite {i}") for i in range(4)], "text": ["abc", "def"] * 2}
-        )
-        options = RWRConfig(
-            learning_rate=3e-3,
-            per_device_train_batch_size=2,
-            kl_coef=0.0,
-            num_train_epochs=2,
-            seed=3,
-            gradient_checkpointing=checkpointing,
-        )
-        train_sft(agent.model, agent.tokenizer, rows, options, CPU)
+        options = RWRConfig(**{**SFT_OPTIONS, "num_train_epochs": 2, "gradient_checkpointing": checkpointing})
+        train_sft(agent.model, agent.tokenizer, sft_rows(agent.tokenizer), options, CPU)
         assert agent.model.is_gradient_checkpointing == checkpointing
         trained.append({k: v.clone() for k, v in agent.model.state_dict().items()})
     assert all(torch.allclose(trained[0][k], trained[1][k], atol=1e-6) for k in trained[0])
