@@ -409,11 +409,8 @@ class CoEvolution:
             seed=cfg.seed,
         )
         agent = self.train("agent", epoch=0, options=sft, warm_start=True)
-        # The simulator's SFT recomputes its activations in the backward pass (activation checkpointing): SFTTrainer
-        # takes the logits of every position of its long prompts, and with the layers' activations that made this
-        # the run's largest moment (4.47 GB in the process against 3.4-3.9 GB in the updates, docs/RESULTS.md "Time
-        # and memory"), at the cost of a second forward pass.
-        simulator_sft = replace(sft, gradient_checkpointing=True)
+        # The simulator's SFT recomputes its activations in the backward pass as its RWR updates do ([env]).
+        simulator_sft = replace(sft, gradient_checkpointing=cfg.env.gradient_checkpointing)
         env = self.train("env", epoch=0, options=simulator_sft, warm_start=True) if self.simulator.needs_model else None
         self.load(agent or self.rollouts.version, env or self.simulator.version)
         self.warm_started = (self.rollouts.version, self.simulator.version)
