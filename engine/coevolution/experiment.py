@@ -72,8 +72,9 @@ def run_seeds(
         if not share_warm_start:
             start_from, initial = (0, 0), None
         for mode in ("genenv", *[m for m in modes if m != "genenv"]):
-            # Every mode of a seed starts from the same warm-started models (the first run's), so the modes
-            # differ only in where the agent's tasks come from.
+            # Every mode of a seed starts from the same warm-started models (the seed's first run's; with
+            # share_warm_start the ablation's first run's), so the modes differ only in where the agent's tasks come
+            # from.
             warm = base.warm_start and start_from == (0, 0)
             config = dataclasses.replace(base, mode=mode, seed=seed, run_id="", warm_start=warm)
             say(f"[ablation] {mode}, seed {seed}")
