@@ -8,6 +8,7 @@ import json
 import math
 import random
 import re
+import time
 from pathlib import Path
 
 import polars as pl
@@ -181,6 +182,21 @@ def test_parsers_record_why_a_generation_is_not_a_task():
 
 
 # -- configuration -------------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_each_phase_reports_its_own_peak_rss_not_the_peak_so_far():
+    from engine.coevolution.memory import PhasePeaks
+
+    with PhasePeaks(interval_s=0.01) as peaks:
+        peaks.take()
+        block = bytearray(512 * 2**20)  # zeroed pages are not resident until written
+        block[::4096] = b"x" * (len(block) // 4096)
+        time.sleep(0.1)
+        del block  # a block this size is its own mapping: freed, it leaves the resident set
+        large = peaks.take()
+        small = peaks.take()
+    assert large - small > 0.4, (large, small)
 
 
 @pytest.mark.unit

@@ -28,13 +28,10 @@ the version the ingest just produced, and the models are reloaded from their che
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import functools
 import json
 import math
 import random
-import resource
 import statistics
 import time
 import uuid
@@ -50,6 +47,7 @@ from trainers.update import SEED_VERSION
 from ..domains import Task, get_domain, multi_turn
 from .config import RunConfig, record_run_config
 from .curriculum import in_band_share
+from .memory import PhasePeaks, peak_rss_gb, release_free_heap
 from .progress import Phase, Say, no_phase
 from .roles import GeneratedTask, Rollouts, Scorer, Simulator, Updater, Validation, generated_task, run_version
 from .stats import interval, paired_gain
@@ -72,7 +70,7 @@ class EpochMetrics:
     validation_items: int = 0  # how many held-out items validation_accuracy is over (the subset, or the whole set)
     agent_optimizer_steps: int = 0  # the run's agent optimiser steps up to the end of this epoch
     seconds: dict[str, float] = field(default_factory=dict)
-    peak_rss_gb: dict[str, float] = field(default_factory=dict)  # the process's peak RSS so far, at each phase's end
+    peak_rss_gb: dict[str, float] = field(default_factory=dict)  # each phase's own peak RSS (memory.PhasePeaks)
     updates: dict[str, str] = field(default_factory=dict)  # what each trainer did (or why it skipped)
     # Whether the curriculum bites, from the lake's rows (engine/lineage/measures.py fills them after the epoch lands).
     selection_bias: float = float("nan")  # chosen level - mean offered level, over valid tasks
@@ -83,25 +81,6 @@ class EpochMetrics:
     validation_by_level: dict[str, float] = field(default_factory=dict)  # held-out greedy success per level
     refilled_tasks: int = 0  # valid tasks written in place of groups whose rollouts all agreed (dynamic sampling)
     validation_successes: tuple[bool, ...] = ()  # item by item (the sync loop knows them; the lake keeps the rates)
-
-
-def peak_rss_gb() -> float:
-    """The process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
-
-
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None)
-
-
-def release_free_heap() -> None:
-    """Give the pages that a phase freed back to the OS, at the phase's end (glibc's malloc_trim; a no-op where the
-    C library has none). glibc keeps freed memory for reuse, and the next phase allocates in other sizes (a bf16
-    update's activations, then generation's caches), so what each phase left behind piled up: peak RSS rose from
-    5.3 to 7.05-7.65 GB over a default run's five epochs in bf16, and 5.74-5.95 GB with this (docs/RESULTS.md, runs
-    e21-e26). Neither torch nor Python asks for it; the async mode's worker processes do not yet."""
-    trim = getattr(_LIBC, "malloc_trim", None)
-    if trim is not None:
-        trim(0)
 
 
 def new_run_id(config: RunConfig) -> str:
@@ -142,6 +121,7 @@ class CoEvolution:
         self.phases: dict[str, dict[str, float]] = {}  # the run's steps outside the epochs: seconds and peak RSS
         self.landed: dict[int, list[GeneratedTask]] = {}  # a resumed run's epochs whose tasks the lake holds
         self.final_benchmark: dict = {}  # the end-of-run BFCL subset's metrics (config.final_bfcl_items)
+        self.peaks = PhasePeaks()  # each phase's peak RSS, sampled while `run` or `resume` runs
 
     @functools.cached_property
     def validation(self) -> list[Task]:
@@ -154,6 +134,10 @@ class CoEvolution:
         self.load(*self.start_from)
 
     def run(self) -> list[EpochMetrics]:
+        with self.peaks:
+            return self._run()
+
+    def _run(self) -> list[EpochMetrics]:
         with self.timed("prepare"):
             self.prepare()
         if self.config.warm_start:
@@ -187,7 +171,7 @@ class CoEvolution:
         start = time.perf_counter()
         yield
         release_free_heap()
-        self.phases[name] = {"seconds": round(time.perf_counter() - start, 2), "peak_rss_gb": peak_rss_gb()}
+        self.phases[name] = {"seconds": round(time.perf_counter() - start, 2), "peak_rss_gb": self.peaks.take()}
 
     def learning(self) -> dict:
         """What the run taught, for metrics.json: the agent's optimiser steps, the whole held-out set before and
@@ -265,6 +249,10 @@ class CoEvolution:
         tasks already landed takes them from the lake rather than writing new ones under the same ids; its
         rollouts and scores are made again, and where some had landed the lake keeps those (same ids). Returns the
         metrics of the epochs run here (the report reads every epoch's from the lake)."""
+        with self.peaks:
+            return self._resume()
+
+    def _resume(self) -> list[EpochMetrics]:
         cfg = self.config
         if cfg.warm_start and run_version(self.lake, "agent", self.run_id) == 0:  # it died before its warm start was in
             self.load(0, 0)
@@ -439,12 +427,12 @@ class CoEvolution:
 
         rss: dict[str, float] = {}
 
-        def lap(phase: str) -> None:  # the time since the last lap, added to `phase`; the peak RSS so far
+        def lap(phase: str) -> None:  # the time since the last lap added to `phase`, and its peak RSS
             nonlocal clock
             release_free_heap()
             now = time.perf_counter()
             seconds[phase] = round(seconds.get(phase, 0.0) + now - clock, 2)
-            rss[phase] = peak_rss_gb()
+            rss[phase] = max(rss.get(phase, 0.0), self.peaks.take())
             clock = now
 
         if epoch in self.landed:  # a resumed run's epoch whose tasks are in the lake already
