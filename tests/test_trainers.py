@@ -7,7 +7,6 @@ that are digits. A randomly initialised byte-level model writes digits ~4% of th
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import polars as pl
@@ -327,33 +326,6 @@ def test_rwr_trains_on_the_band_or_on_every_valid_generation_weighted_towards_it
     assert kept["text"].to_list() == ["in band", "solved every time", "never solved"] and dropped == {"invalid": 1}
     weights = rwr_weights(torch.tensor(kept["env_reward"].to_list()), 0.5)
     assert weights[0] > 5 * weights[1] and weights[1] == weights[2]  # the band still counts most
-
-
-@pytest.mark.unit
-def test_rwr_weighs_each_choice_by_its_reward_not_by_how_often_it_was_chosen():
-    # Level granularity: 6 generations chose level 1 and 2 chose level 2 (both in band), 1 chose level 3 (out of it).
-    levels = [1] * 6 + [2] * 2 + [3]
-    rows = pl.DataFrame(
-        {
-            "batch_id": [f"r-e0:level{level}" for level in levels],
-            "task_id": [f"t{i}" for i in range(len(levels))],
-            "valid": [True] * len(levels),
-            "filtered": [level == 3 for level in levels],
-            "sim_prompt": ["p"] * len(levels),
-            "raw_generation": [f"choice {level}" for level in levels],
-            "env_reward": [0.0821 if level == 3 else 1.0 for level in levels],
-        }
-    )
-    kept, _ = select_generations(rows, band_only=False)
-    simulator = load_model("tiny", seed=1)
-    trainer = RWRTrainer(simulator.model, simulator.tokenizer, RWRConfig(per_device_train_batch_size=4, kl_coef=0.0))
-    weights = sorted(w for mb in trainer.micro_batches(kept) for w in mb.weights.tolist())  # mean 1, shuffled
-    choice = {level: math.exp((0.0821 if level == 3 else 1.0) / 0.2) / levels.count(level) for level in levels}
-    expected = sorted(choice[level] * len(levels) / sum(choice[lv] for lv in levels) for level in levels)
-    assert weights == pytest.approx(expected, rel=1e-5)
-    # Each choice weighs exp(R_env / T) in all: the two in-band levels alike, however often each was chosen.
-    level3, level1, level2 = weights[0], weights[1:7], weights[7:]
-    assert sum(level1) == pytest.approx(sum(level2)) and sum(level2) > 50 * level3
 
 
 @pytest.mark.unit

@@ -116,22 +116,13 @@ def token_nll(logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return -(logps * mask).sum() / mask.sum().clamp(min=1)
 
 
-def rwr_weights(
-    env_rewards: torch.Tensor,
-    temperature: float,
-    filtered: torch.Tensor | None = None,
-    group_sizes: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Reward-weighted regression weights: exp(R / T), divided by each row's group size if given (so that a group
-    weighs exp(R / T) in all, however many rows it has: trainers/rwr.py says why), normalised to sum to 1 over the
-    rows kept.
+def rwr_weights(env_rewards: torch.Tensor, temperature: float, filtered: torch.Tensor | None = None) -> torch.Tensor:
+    """Reward-weighted regression weights: exp(R / T), normalised to sum to 1 over the rows kept.
 
     Filtered rows (outside the curriculum band) get weight 0."""
     if temperature <= 0:
         raise ValueError(f"RWR temperature must be > 0, got {temperature}")
     logits = env_rewards.float() / temperature
-    if group_sizes is not None:
-        logits = logits - group_sizes.float().log()
     if filtered is not None:
         logits = logits.masked_fill(filtered.bool(), float("-inf"))
     if torch.isinf(logits).all():

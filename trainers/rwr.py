@@ -1,23 +1,21 @@
 """RWR for the environment simulator, over its own generations: rows of gold/d_env at one Delta version.
 
-Reward-weighted regression: the NLL of each generation, weighted by exp(R_env / T) / n normalised over the rows
-kept (n: the rows of its curriculum group, which share its R_env), plus a KL penalty to the initial simulator (the
-warm-started one, where the run has a warm start: trainers/update.py's `reference_version`) so that it keeps writing
-tasks the domain can parse. Generations that did not parse (`valid` false) are left out, and so, with `band_only` (the
+Reward-weighted regression: the NLL of each generation, weighted by exp(R_env / T) normalised
+over the rows kept, plus a KL penalty to the initial simulator (the warm-started one, where the run has a warm start:
+trainers/update.py's `reference_version`) so that it keeps writing tasks
+the domain can parse. Generations that did not parse (`valid` false) are left out, and so, with `band_only` (the
 paper's filter), are rows outside the curriculum band (`filtered`). Without it every scored valid generation is
-trained on and the weight alone tilts the simulator towards the band, which at CPU scale (8-16 tasks an epoch,
-10-20% of them in band) has rows where the filtered one has 0-3. TRL has no per-sample-weighted SFT, so this loop is
-ours; the loss is trainers/losses.py's rwr_loss.
+trained on and the weight alone tilts the simulator towards the band: the textbook RWR estimate of the same
+reward-tilted policy, which at CPU scale (8-16 tasks an epoch, 10-20% of them in band) has rows where the filtered
+one has 0-3. TRL has no per-sample-weighted SFT, so this loop is ours; the loss is trainers/losses.py's rwr_loss.
 
-Why divided by n: the textbook RWR target is the sampling policy tilted by exp(R_env / T), so a choice's share of
-an update is its share of the samples times its weight, and updates compound it: in 4 seeds of 5 of the powered
-ablation (docs/RESULTS.md) the simulator wrote the letter it favoured after its warm start 10 times in 10 by epoch 2,
-even at T = 0.5, and had no other choice left to weigh when the agent outgrew it. Divided by n, each choice sampled
-(at level granularity: the generations that chose one level in one epoch) gets exp(R_env / T) in all, so an update
-pulls towards the Boltzmann distribution over the choices at this epoch's rewards, whatever the simulator's habits.
-At task granularity every group is one generation, and the weights are RWR's.
+Each row keeps its own weight, so a choice's share of an update is its share of the samples times its weight, and
+updates compound it (the simulator of the 5-seed ablation wrote one letter 10 times in 10 by epoch 2 in 4 seeds of
+5). Weighing each curriculum group as a whole instead (exp(R_env / T) / n, n its rows) was tried and taken out: the
+choice then followed the band, which at level granularity often sat on the easiest letter by chance, and genenv
+gained 0.074 less than genenv-random (docs/RESULTS.md, "The ablation with each level weighed as a whole").
 
-The trainer reads rows of (prompt, text, env_reward, group). With equal rewards and kl_coef 0 it would be plain
+The trainer reads rows of (prompt, text, env_reward). With equal rewards and kl_coef 0 it would be plain
 supervised fine-tuning; the seed warm start is that, and takes TRL's SFTTrainer instead (trainers/sft.py), with
 an RWRConfig's options (recorded in its lineage as every update's).
 """
@@ -65,18 +63,14 @@ class MicroBatch:
 
 
 def select_rows(rows: pl.DataFrame, band_only: bool = True) -> tuple[pl.DataFrame, Counter]:
-    """d_env rows the simulator is trained on, as (prompt, text, env_reward, group: the curriculum group whose
-    success rate scored it); the others counted by why. Without band_only, rows outside the band are kept
-    (`RWRConfig.band_only`)."""
+    """d_env rows the simulator is trained on, as (prompt, text, env_reward); the others counted by why. Without
+    band_only, rows outside the band are kept (`RWRConfig.band_only`)."""
     left_out = pl.col("filtered") if band_only else pl.lit(False)
     counts = rows.select(filtered=left_out.sum(), invalid=(~pl.col("valid") & ~left_out).sum()).row(0, named=True)
     dropped = Counter({why: int(n) for why, n in counts.items()})
     kept = rows.filter(pl.col("valid") & ~left_out).sort(["batch_id", "task_id"])
     return kept.select(
-        pl.col("sim_prompt").alias("prompt"),
-        pl.col("raw_generation").alias("text"),
-        "env_reward",
-        pl.col("batch_id").alias("group"),
+        pl.col("sim_prompt").alias("prompt"), pl.col("raw_generation").alias("text"), "env_reward"
     ), +dropped
 
 
@@ -91,9 +85,7 @@ class RWRTrainer(Trainer):
 
     def micro_batches(self, rows: pl.DataFrame) -> list[MicroBatch]:
         cfg, tok = self.config, self.tokenizer
-        rewards = torch.tensor(rows["env_reward"].to_list())
-        group_sizes = torch.tensor(rows.select(pl.len().over("group")).to_series().to_list())
-        weights = rwr_weights(rewards, cfg.weight_temperature, group_sizes=group_sizes) * rows.height
+        weights = rwr_weights(torch.tensor(rows["env_reward"].to_list()), cfg.weight_temperature) * rows.height
         prompts, generations = supervised_ids(tok, rows["prompt"].to_list(), rows["text"].to_list())
         order = torch.randperm(rows.height, generator=torch.Generator().manual_seed(cfg.seed)).tolist()
         batches = []
