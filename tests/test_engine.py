@@ -181,9 +181,6 @@ def test_parsers_record_why_a_generation_is_not_a_task():
     assert qa.parse("What is the capital city of Spain?", context).reason.startswith("missing_subject")
 
 
-# -- configuration -------------------------------------------------------------------------------------
-
-
 @pytest.mark.unit
 def test_each_phase_reports_its_own_peak_rss_not_the_peak_so_far():
     from engine.coevolution.memory import PhasePeaks
@@ -197,6 +194,9 @@ def test_each_phase_reports_its_own_peak_rss_not_the_peak_so_far():
         large = peaks.take()
         small = peaks.take()
     assert large - small > 0.4, (large, small)
+
+
+# -- configuration -------------------------------------------------------------------------------------
 
 
 @pytest.mark.unit
