@@ -17,7 +17,7 @@ import resource
 import threading
 
 GB = 2**30
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_PAGE = os.sysconf("SC_PAGE_SIZE")  # where `resource` imports (Unix), sysconf does too
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None)
 
 
