@@ -151,7 +151,7 @@ def accumulating_rank(rank: int, port: int, out: str) -> None:
             wrapper.register_comm_hook(None, counted)
         calls.append(batch)
         saw_checkpointing.append(checkpointed(wrapper))
-        return wrapper(input_ids=batch, labels=batch).loss, {}
+        yield wrapper(input_ids=batch, labels=batch).loss, {}
 
     metrics = optimise(model, micro_batches, loss_of, config, accelerator=group)
     Path(out, f"rank{rank}.json").write_text(

@@ -181,6 +181,37 @@ def test_the_ptx_term_trains_the_warm_start_answers_beside_grpo():
     assert nll[1.0][1] < 0.5 * nll[1.0][0] and nll[1.0][1] < nll[0.0][1], nll
 
 
+@pytest.mark.unit
+def test_the_ptx_term_runs_its_forward_pass_after_the_grpo_terms_backward():
+    """A micro-batch's loss comes in terms that `optimise` backpropagates one at a time, so the ptx rows' forward
+    pass never shares memory with the GRPO rows' activations; the gradients are those of the terms' sum."""
+    agent = load_model("tiny", seed=0)
+    tok, params = agent.tokenizer, list(agent.model.parameters())
+    anchor = pl.DataFrame(
+        {"prompt": [render_prompt(tok, f"recite {i}") for i in range(3)], "text": ["abc", "def", "ghi"]}
+    )
+    config = GRPOConfig(per_device_train_batch_size=8, ptx_coef=0.5, ptx_batch_size=2)
+    trainer = GRPOTrainer(agent.model, tok, config, anchor=anchor)
+    prompts = [render_prompt(tok, f"count {i}") for i in range(4)]
+    rows, _ = select_rollouts(rollout_rows(sample(agent, prompts, 8, seed=5), 8), 0, config)
+    batch = trainer.micro_batches(rows)[0]
+    had_gradients = []  # at each embedding lookup (the GRPO term's shared prefix takes two): had a backward run?
+    embeddings = agent.model.get_input_embeddings()
+    hook = embeddings.register_forward_hook(lambda *_: had_gradients.append(any(p.grad is not None for p in params)))
+    terms = trainer.loss(batch, agent.model)
+    grpo_term, _ = next(terms)
+    grpo_term.backward()
+    ptx_term, metrics = next(terms)
+    ptx_term.backward()
+    hook.remove()
+    assert had_gradients[-1] and not any(had_gradients[:-1])  # the ptx rows' forward came after the backward
+    assert list(terms) == [] and "ptx_nll" in metrics
+    one_at_a_time = [p.grad.clone() for p in params]
+    agent.model.zero_grad(set_to_none=True)
+    sum(loss for loss, _ in trainer.loss(batch, agent.model)).backward()  # both graphs alive, one backward
+    assert all(torch.allclose(a, p.grad, atol=1e-6) for a, p in zip(one_at_a_time, params))
+
+
 # A warm start's rows and options in the SFT tests: 6 rows in micro-batches of 2, accumulated 2 a step.
 SFT_OPTIONS = dict(
     learning_rate=3e-3,
@@ -687,7 +718,9 @@ def test_a_step_is_the_mean_of_the_micro_batches_it_has():
     model = torch.nn.Linear(1, 1, bias=False)  # loss w * 1: every micro-batch's gradient is exactly 1
     config = OptimConfig(learning_rate=1e-3, gradient_accumulation_steps=3, max_grad_norm=1e9)
     state = OptimizerState()
-    metrics = optimise(model, [1.0] * 4, lambda x, m: (m(torch.tensor([[x]])).sum(), {}), config, passes=2, state=state)
+    metrics = optimise(
+        model, [1.0] * 4, lambda x, m: [(m(torch.tensor([[x]])).sum(), {})], config, passes=2, state=state
+    )
     assert metrics["optimizer_steps"] == 4 and state.step == 4 and metrics["lineage_steps"] == 4  # two per pass
     assert metrics["grad_norm"] == pytest.approx(1.0), "the one-micro-batch step is not divided by 3"
     assert {int(s["step"]) for s in state.optimizer["state"].values()} == {4}

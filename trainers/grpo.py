@@ -247,6 +247,9 @@ class GRPOTrainer(Trainer):
         return batches
 
     def loss(self, mb: MicroBatch, model):
+        """GRPO's term, then the ptx term on the reference answers, each backpropagated before the next is computed:
+        one backward over their sum held both forward passes' activations at once, and the ptx rows (whole prompts
+        and answers, where GRPO's share one prompt) are the larger of the two (docs/RESULTS.md, "Time and memory")."""
         with self.compute():
             logps = completion_logps(model, mb.tokens, self.config.temperature)
         on = lambda t: None if t is None else t.to(logps.device)  # noqa: E731
@@ -260,13 +263,12 @@ class GRPOTrainer(Trainer):
             on(mb.token_weights),
             mb.step_tokens,
         )
+        yield loss, metrics
         if mb.reference_answers is not None:
             with self.compute():
                 answer_logps = completion_logps(model, mb.reference_answers)
             nll = token_nll(answer_logps, on(mb.reference_answers.completion_mask))
-            loss = loss + self.config.ptx_coef * nll
-            metrics["ptx_nll"] = nll.item()
-        return loss, metrics
+            yield self.config.ptx_coef * nll, {"ptx_nll": nll.item()}
 
     def summary(self, rows: pl.DataFrame, batches: list[MicroBatch]) -> dict:
         zero_std = rows.group_by("task_id").agg(pl.col("reward").n_unique() == 1)["reward"].mean()

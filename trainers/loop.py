@@ -15,7 +15,7 @@ import contextlib
 import math
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,7 +135,7 @@ def merged(model):
 def optimise(
     model,
     micro_batches: Sequence[Any],
-    loss_of: Callable[[Any, Any], tuple[torch.Tensor, dict]],
+    loss_of: Callable[[Any, Any], Iterable[tuple[torch.Tensor, dict]]],
     config: OptimConfig,
     passes: int = 1,
     progress: Progress | None = None,
@@ -145,13 +145,16 @@ def optimise(
     """`passes` sweeps over the micro-batches, one optimiser step every gradient_accumulation_steps.
 
     A step's loss is the mean over the micro-batches it actually has (the last step of a pass may have fewer), so
-    every step has the size the learning rate means. loss_of(micro_batch, model) returns the micro-batch's mean
-    loss and its metrics (it must run the model it is given: under DDP that is the wrapper whose backward reduces
-    gradients); the result is their mean over every micro-batch, with the number of optimiser steps, the last
-    learning rate and grad norm. accelerator: with several processes (trainers/distributed.py), accelerate wraps
-    the model and optimiser and reduces the gradients; every rank must then hold the same number of
-    micro-batches. state: where the optimiser and its schedule start (a fresh AdamW at step 0 when None or
-    empty); the optimiser's state at the end is left there."""
+    every step has the size the learning rate means. loss_of(micro_batch, model) yields the micro-batch's mean loss
+    in terms, each with its metrics (it must run the model it is given: under DDP that is the wrapper whose backward
+    reduces gradients); each term is backpropagated before the next is computed, so that only one term's forward
+    activations are alive at a time (GRPO's ptx term is a second forward pass over other rows). The result is the
+    metrics' mean over every micro-batch (a micro-batch's loss is the sum of its terms), with the number of optimiser
+    steps, the last learning rate and grad norm. accelerator: with several processes (trainers/distributed.py),
+    accelerate wraps the model and optimiser and reduces the gradients (on every term's backward of a step's last
+    micro-batch: an average of gradients that already agree across ranks leaves them as they are); every rank must
+    then hold the same number of micro-batches. state: where the optimiser and its schedule start (a fresh AdamW at
+    step 0 when None or empty); the optimiser's state at the end is left there."""
     params = [p for p in model.parameters() if p.requires_grad]
     # torch's fused AdamW on CUDA and on the CPU: one kernel, and no temporary the size of the moments (the
     # default foreach step on CUDA allocates one for sqrt(v): 4 bytes per trained weight, which is what took a 7B
@@ -187,14 +190,14 @@ def optimise(
         with (
             accelerator.no_sync(train_model) if accelerator is not None and not ends_step else contextlib.nullcontext()
         ):
-            loss, metrics = loss_of(micro_batches[k], train_model)
-            if accelerator is not None:
-                accelerator.backward(loss / in_step)
-            else:
-                (loss / in_step).backward()
-        sums["loss"] += loss.item()
-        for name, value in metrics.items():
-            sums[name] += value
+            for loss, metrics in loss_of(micro_batches[k], train_model):
+                if accelerator is not None:
+                    accelerator.backward(loss / in_step)
+                else:
+                    (loss / in_step).backward()
+                sums["loss"] += loss.item()
+                for name, value in metrics.items():
+                    sums[name] += value
         if ends_step:
             clip = accelerator.clip_grad_norm_ if accelerator is not None else torch.nn.utils.clip_grad_norm_
             grad_norm = float(clip(params, config.max_grad_norm))
@@ -224,7 +227,8 @@ class Trainer:
         kl_option                the config field of the KL coefficient (its reference model is required when > 0)
         passes                   sweeps over the micro-batches per update
         micro_batches(rows)      the update's micro-batches, with every log-probability that does not move
-        loss(micro_batch, model) its mean loss and metrics (its forward pass under `compute`)
+        loss(micro_batch, model) its mean loss in terms, each with its metrics (a generator: `optimise`
+                                 backpropagates a term before asking for the next; forward passes under `compute`)
         summary(rows, batches)   the update's own metrics beside the optimiser's
 
     compute: a context manager every forward pass runs in (mixed precision's autocast; none by default).
@@ -260,7 +264,7 @@ class Trainer:
     def micro_batches(self, rows) -> list:
         raise NotImplementedError
 
-    def loss(self, micro_batch, model) -> tuple[torch.Tensor, dict]:
+    def loss(self, micro_batch, model) -> Iterator[tuple[torch.Tensor, dict]]:
         raise NotImplementedError
 
     def summary(self, rows, batches: list) -> dict:

@@ -100,7 +100,7 @@ class RWRTrainer(Trainer):
         on = lambda t: None if t is None else t.to(logps.device)  # noqa: E731
         # rwr_loss takes weights that sum to 1; these average 1, so divide by the micro-batch size.
         weights = on(mb.weights / len(mb.weights))
-        return rwr_loss(logps, on(mb.tokens.completion_mask), weights, self.config.kl_coef, on(mb.ref_logps))
+        yield rwr_loss(logps, on(mb.tokens.completion_mask), weights, self.config.kl_coef, on(mb.ref_logps))
 
     def summary(self, rows: pl.DataFrame, batches: list[MicroBatch]) -> dict:
         weights = torch.cat([mb.weights for mb in batches]) / rows.height

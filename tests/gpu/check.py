@@ -425,7 +425,7 @@ def ddp_rank(rank: int, device: str, port: int, out: str) -> None:
             wrapper.register_comm_hook(None, counted)
         calls.append(batch)
         saw_checkpointing.append(m["batching"].checkpointed(wrapper))
-        return wrapper(input_ids=batch, labels=batch).loss, {}
+        yield wrapper(input_ids=batch, labels=batch).loss, {}
 
     metrics = m["loop"].optimise(model, micro_batches, loss_of, options, accelerator=group)
     result = {
