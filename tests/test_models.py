@@ -55,6 +55,29 @@ def test_sampled_logprobs_match_a_teacher_forced_recomputation(tiny, temperature
 
 
 @pytest.mark.unit
+def test_repeated_prompts_are_encoded_once_and_sample_as_if_each_were_encoded(tiny):
+    """A batch of G rollouts of each of its tasks starts from each distinct prompt encoded once (shared_prefill):
+    the same tokens as every prompt encoded on its own, and log-probabilities a teacher-forced pass recomputes, with
+    prompts of different lengths (left padding) side by side."""
+    tok = tiny.tokenizer
+    distinct = [render_prompt(tok, p) for p in ("What is 2+2?", "a longer prompt to force some padding")]
+    prompts = [p for p in distinct for _ in range(3)]
+    backend = TransformersBackend(tiny.model, tok, batch_size=6)
+    batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    assert backend.shared_prefill(batch) and not backend.shared_prefill(
+        tok(distinct, return_tensors="pt", padding=True)
+    )
+    sampling = SamplingConfig(max_new_tokens=10, temperature=1.0)
+    seeds = [rollout_seed(7, "run-e0-t3", i) for i in range(6)]
+    shared = backend.generate(prompts, sampling, seeds)
+    alone = TransformersBackend(tiny.model, tok, batch_size=1).generate(prompts, sampling, seeds)
+    assert [g.token_ids for g in shared] == [g.token_ids for g in alone]
+    for g in shared:
+        reference = sequence_logprobs(tiny.model, g.prompt_token_ids, g.token_ids)
+        torch.testing.assert_close(torch.tensor(g.logprobs), reference.detach(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.unit
 def test_same_seed_same_samples(tiny):
     backend = TransformersBackend(tiny.model, tiny.tokenizer)
     prompts = [render_prompt(tiny.tokenizer, "x")] * 2

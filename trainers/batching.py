@@ -26,9 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .generation import prompt_token_ids
+from .generation import CACHE, prompt_token_ids
 
 
 @dataclass
@@ -110,8 +109,6 @@ def pack_shared(prompt_ids: list[list[int]], completion_ids: list[list[int]], pa
     )
 
 
-# transformers 5 names the key/value cache `cache` (argument and output); earlier versions `past_key_values`.
-CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def completion_logps(model, batch: TokenBatch | SharedPrefixBatch, temperature: float = 1.0) -> torch.Tensor:

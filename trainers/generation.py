@@ -27,6 +27,10 @@ import hashlib
 from dataclasses import dataclass
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+# transformers 5 names the key/value cache `cache` (argument and output); earlier versions `past_key_values`.
+CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 @dataclass
@@ -191,6 +195,35 @@ class TransformersBackend:
         compiler = grammar_compiler(self.tokenizer, self.model.config.vocab_size)
         return [LogitsProcessor([compiler.compile_grammar(g or ANY_TEXT) for g in grammars])]
 
+    @torch.no_grad()
+    def shared_prefill(self, enc) -> dict:
+        """generate's starting cache for a batch whose prompts repeat (a task's group_size rollouts): each distinct
+        prompt encoded once and its keys and values copied to the rows that repeat it, as `pack_shared` does for
+        training (trainers/batching.py). Encoding every row's prompt was G times the work for G rollouts of a
+        task, on a CPU more than half of a rollout batch's time. The last prompt token is left out, for generate's
+        first step to run on; positions follow the attention mask, as generate's own do. {} (generate encodes the
+        prompts) when no prompt repeats."""
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        first_row: dict[tuple, int] = {}  # a prompt's ids (padding included) -> the first row that has it
+        for i, row in enumerate(ids.tolist()):
+            first_row.setdefault(tuple(row), i)
+        distinct = list(first_row.values())
+        if len(distinct) == len(ids) or int(mask.sum(-1).min()) < 2:
+            return {}
+        slot = {row: k for k, row in enumerate(distinct)}
+        rows = torch.tensor([slot[first_row[tuple(row)]] for row in ids.tolist()], device=ids.device)
+        prefix_mask = mask[distinct, :-1]
+        encoded = self.model(
+            input_ids=ids[distinct, :-1],
+            attention_mask=prefix_mask,
+            position_ids=(prefix_mask.cumsum(-1) - 1).clamp(min=0),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = getattr(encoded, CACHE)
+        cache.batch_select_indices(rows)
+        return {CACHE: cache}
+
     def _generate_batch(
         self, prompts: list[str], sampling: SamplingConfig, seeds: list[int], grammars: list[str]
     ) -> list[Generation]:
@@ -206,6 +239,7 @@ class TransformersBackend:
         self.model.eval()
         result = self.model.generate(
             **enc,
+            **self.shared_prefill(enc),
             max_new_tokens=sampling.max_new_tokens,
             do_sample=False,
             temperature=None,

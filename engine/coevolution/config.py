@@ -119,9 +119,9 @@ class RunConfig:
     # generation a micro-batch made its warm start 154 s against 120, e34). At
     # 10 tasks an epoch 0-3 are in band: every scored valid generation is trained on (band_only false), weighted at
     # T = 0.5, and an update waits for 16 rows (every other epoch), so that RWR's weights spread over more than one
-    # or two generations. The activations of those long prompts are recomputed in the backward pass (in the warm
-    # start's SFT too): with them kept, the simulator's updates were the run's largest moments (4.5-5.5 GB in the
-    # process, docs/RESULTS.md "Time and memory"), for a second forward pass.
+    # or two generations. The activations of those long prompts are recomputed in the backward pass (in both
+    # models' warm start too): with them kept, the simulator's updates were the run's largest moments (4.5-5.5 GB
+    # in the process, docs/RESULTS.md "Time and memory"), for a second forward pass.
     env: RWRConfig = field(
         default_factory=lambda: RWRConfig(
             learning_rate=1e-5,

@@ -385,9 +385,13 @@ class CoEvolution:
         events += self.scorer.seeds(tasks)
         self.writer.publish(events)
         self.writer.land()
-        # Steps and micro-batches as the simulator's RWR updates take them ([env]; by default steps of 8 rows in
-        # micro-batches of 2: a seed's long simulator prompt makes a micro-batch's activations the largest thing in
-        # the process, about 4 GB at 8 rows for a 135M model; the quick profile's tiny models take all 8 at once).
+        # Steps, micro-batches and activation checkpointing as the simulator's RWR updates take them ([env]; by
+        # default steps of 8 rows in micro-batches of 2, activations recomputed in the backward pass), for both
+        # models: a warm start's rows are whole prompts and answers, as RWR's are (GRPO's rows share their prompt).
+        # A seed's long simulator prompt made a micro-batch's activations the largest thing in the process, about
+        # 4 GB at 8 rows for a 135M model; the agent's SFT, with them kept, was the run's peak (4.34 GB in the
+        # process against 3.7 recomputed, docs/RESULTS.md "Time and memory"). The quick profile's tiny models take
+        # all 8 at once.
         sft = RWRConfig(
             learning_rate=cfg.warm_start_learning_rate,
             per_device_train_batch_size=cfg.env.per_device_train_batch_size,
@@ -395,11 +399,10 @@ class CoEvolution:
             kl_coef=0.0,
             num_train_epochs=cfg.warm_start_epochs,
             seed=cfg.seed,
+            gradient_checkpointing=cfg.env.gradient_checkpointing,
         )
         agent = self.train("agent", epoch=0, options=sft, warm_start=True)
-        # The simulator's SFT recomputes its activations in the backward pass as its RWR updates do ([env]).
-        simulator_sft = replace(sft, gradient_checkpointing=cfg.env.gradient_checkpointing)
-        env = self.train("env", epoch=0, options=simulator_sft, warm_start=True) if self.simulator.needs_model else None
+        env = self.train("env", epoch=0, options=sft, warm_start=True) if self.simulator.needs_model else None
         self.load(agent or self.rollouts.version, env or self.simulator.version)
         self.warm_started = (self.rollouts.version, self.simulator.version)
         self.say(
