@@ -182,7 +182,7 @@ def test_the_ptx_term_trains_the_warm_start_answers_beside_grpo():
 
 
 @pytest.mark.unit
-def test_the_ptx_term_runs_its_forward_pass_after_the_grpo_terms_backward():
+def test_the_grpo_term_runs_its_forward_pass_after_the_ptx_terms_backward():
     """A micro-batch's loss comes in terms that `optimise` backpropagates one at a time, so the ptx rows' forward
     pass never shares memory with the GRPO rows' activations; the gradients are those of the terms' sum."""
     agent = load_model("tiny", seed=0)
@@ -199,12 +199,12 @@ def test_the_ptx_term_runs_its_forward_pass_after_the_grpo_terms_backward():
     embeddings = agent.model.get_input_embeddings()
     hook = embeddings.register_forward_hook(lambda *_: had_gradients.append(any(p.grad is not None for p in params)))
     terms = trainer.loss(batch, agent.model)
-    grpo_term, _ = next(terms)
-    grpo_term.backward()
     ptx_term, metrics = next(terms)
     ptx_term.backward()
+    grpo_term, _ = next(terms)
+    grpo_term.backward()
     hook.remove()
-    assert had_gradients[-1] and not any(had_gradients[:-1])  # the ptx rows' forward came after the backward
+    assert had_gradients == [False, True, True]  # the GRPO rows' prefix and completions came after the backward
     assert list(terms) == [] and "ptx_nll" in metrics
     one_at_a_time = [p.grad.clone() for p in params]
     agent.model.zero_grad(set_to_none=True)

@@ -109,8 +109,6 @@ def pack_shared(prompt_ids: list[list[int]], completion_ids: list[list[int]], pa
     )
 
 
-
-
 def completion_logps(model, batch: TokenBatch | SharedPrefixBatch, temperature: float = 1.0) -> torch.Tensor:
     """log pi(c_t | prompt, c_<t) for every completion token, (batch, C); padding positions hold junk (mask them).
     A SharedPrefixBatch runs the shared-prefix forward (see the module's docstring)."""

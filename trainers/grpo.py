@@ -247,13 +247,20 @@ class GRPOTrainer(Trainer):
         return batches
 
     def loss(self, mb: MicroBatch, model):
-        """GRPO's term, then the ptx term on the reference answers, each backpropagated before the next is computed:
-        one backward over their sum held both forward passes' activations at once, and the ptx rows (whole prompts
-        and answers, where GRPO's share one prompt) are the larger of the two (docs/RESULTS.md, "Time and memory")."""
+        """The ptx term on the reference answers, then GRPO's term, each backpropagated before the next is computed:
+        one backward over their sum held both forward passes' activations at once. The ptx rows (whole prompts and
+        answers, where GRPO's rows share one prompt) have the larger activations, so they go first, while the
+        gradients are not yet allocated (docs/RESULTS.md, "Time and memory")."""
+        device = next(model.parameters()).device
+        on = lambda t: None if t is None else t.to(device)  # noqa: E731
+        if mb.reference_answers is not None:
+            with self.compute():
+                answer_logps = completion_logps(model, mb.reference_answers)
+            nll = token_nll(answer_logps, on(mb.reference_answers.completion_mask))
+            yield self.config.ptx_coef * nll, {"ptx_nll": nll.item()}
         with self.compute():
             logps = completion_logps(model, mb.tokens, self.config.temperature)
-        on = lambda t: None if t is None else t.to(logps.device)  # noqa: E731
-        loss, metrics = grpo_loss(
+        yield grpo_loss(
             logps,
             on(mb.old_logps),
             on(mb.advantages),
@@ -263,12 +270,6 @@ class GRPOTrainer(Trainer):
             on(mb.token_weights),
             mb.step_tokens,
         )
-        yield loss, metrics
-        if mb.reference_answers is not None:
-            with self.compute():
-                answer_logps = completion_logps(model, mb.reference_answers)
-            nll = token_nll(answer_logps, on(mb.reference_answers.completion_mask))
-            yield self.config.ptx_coef * nll, {"ptx_nll": nll.item()}
 
     def summary(self, rows: pl.DataFrame, batches: list[MicroBatch]) -> dict:
         zero_std = rows.group_by("task_id").agg(pl.col("reward").n_unique() == 1)["reward"].mean()

@@ -173,7 +173,10 @@ def optimise(
         train_model, optimiser = accelerator.prepare(model, optimiser)
         params = [p for p in train_model.parameters() if p.requires_grad]  # FSDP replaces them with shards
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name; the old one warns there
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if hasattr(model, "enable_input_require_grads"):
             model.enable_input_require_grads()  # LoRA: the frozen embeddings' output must carry gradients through
     model.train()
