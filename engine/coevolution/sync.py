@@ -390,7 +390,7 @@ class CoEvolution:
         # models: a warm start's rows are whole prompts and answers, as RWR's are (GRPO's rows share their prompt).
         # A seed's long simulator prompt made a micro-batch's activations the largest thing in the process, about
         # 4 GB at 8 rows for a 135M model; the agent's SFT, with them kept, was the run's peak (4.34 GB in the
-        # process against 3.7 recomputed, docs/RESULTS.md "Time and memory"). The quick profile's tiny models take
+        # process against 3.59 recomputed, docs/RESULTS.md "Time and memory"). The quick profile's tiny models take
         # all 8 at once.
         sft = RWRConfig(
             learning_rate=cfg.warm_start_learning_rate,
