@@ -170,7 +170,7 @@ def check_model(name: str, device: str, dtype: torch.dtype, m) -> dict:
     def grpo_step(_, net):
         with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
             logps = batching.completion_logps(net, shared)
-        return losses.grpo_loss(
+        yield losses.grpo_loss(
             logps,
             recorded.to(logps.device),
             advantages.to(logps.device),
@@ -182,7 +182,7 @@ def check_model(name: str, device: str, dtype: torch.dtype, m) -> dict:
         with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
             logps = batching.completion_logps(net, tokens)
         weights = losses.rwr_weights(rewards, 0.2).to(logps.device)
-        return losses.rwr_loss(logps, tokens.completion_mask.to(logps.device), weights)
+        yield losses.rwr_loss(logps, tokens.completion_mask.to(logps.device), weights)
 
     if device == "cuda":  # the update's own peak, which the plan estimates (generation is planned apart)
         sync(device)
@@ -379,7 +379,7 @@ def async_memory(name: str, device: str, dtype: torch.dtype, m, rollout_workers:
             def nll(_, net):
                 with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
                     logps = batching.completion_logps(net, tokens)
-                return -(logps * tokens.completion_mask.to(logps.device)).sum() / tokens.completion_mask.sum(), {}
+                yield -(logps * tokens.completion_mask.to(logps.device)).sum() / tokens.completion_mask.sum(), {}
 
             loop.optimise(trainer, [None], nll, options, state=state)
             held.append((trainer, state))  # kept: the next update runs beside this one's weights and moments
