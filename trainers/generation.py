@@ -204,14 +204,14 @@ class TransformersBackend:
         first step to run on; positions follow the attention mask, as generate's own do. {} (generate encodes the
         prompts) when no prompt repeats."""
         ids, mask = enc["input_ids"], enc["attention_mask"]
-        first_row: dict[tuple, int] = {}  # a prompt's ids (padding included) -> the first row that has it
-        for i, row in enumerate(ids.tolist()):
-            first_row.setdefault(tuple(row), i)
-        distinct = list(first_row.values())
-        if len(distinct) == len(ids) or int(mask.sum(-1).min()) < 2:
+        keys = [tuple(row) for row in ids.tolist()]  # a prompt's ids, padding included
+        slot: dict[tuple, int] = {}  # a prompt -> its place among the distinct ones
+        for key in keys:
+            slot.setdefault(key, len(slot))
+        if len(slot) == len(keys) or int(mask.sum(-1).min()) < 2:
             return {}
-        slot = {row: k for k, row in enumerate(distinct)}
-        rows = torch.tensor([slot[first_row[tuple(row)]] for row in ids.tolist()], device=ids.device)
+        distinct = [keys.index(key) for key in slot]  # the first row of each distinct prompt
+        rows = torch.tensor([slot[key] for key in keys], device=ids.device)
         prefix_mask = mask[distinct, :-1]
         encoded = self.model(
             input_ids=ids[distinct, :-1],
