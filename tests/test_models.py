@@ -68,7 +68,7 @@ def test_repeated_prompts_are_encoded_once_and_sample_as_if_each_were_encoded(ti
         tok(distinct, return_tensors="pt", padding=True)
     )
     sampling = SamplingConfig(max_new_tokens=10, temperature=1.0)
-    seeds = [rollout_seed(7, "run-e0-t3", i) for i in range(6)]
+    seeds = [rollout_seed(7, "run", "run-e0-t3", i) for i in range(6)]
     shared = backend.generate(prompts, sampling, seeds)
     alone = TransformersBackend(tiny.model, tok, batch_size=1).generate(prompts, sampling, seeds)
     assert [g.token_ids for g in shared] == [g.token_ids for g in alone]
@@ -181,7 +181,7 @@ def test_a_groups_samples_differ_and_each_depends_only_on_its_own_seed(tiny):
     all be 0); a sample is the same whichever prompts were batched with it, and on every replay."""
     prompt = render_prompt(tiny.tokenizer, "What is 2+2?")
     sampling = SamplingConfig(max_new_tokens=10, temperature=1.0)
-    seeds = [rollout_seed(7, "run-e0-t3", i) for i in range(4)]
+    seeds = [rollout_seed(7, "run", "run-e0-t3", i) for i in range(4)]
     together = TransformersBackend(tiny.model, tiny.tokenizer, batch_size=4).generate([prompt] * 4, sampling, seeds)
     alone = TransformersBackend(tiny.model, tiny.tokenizer, batch_size=1).generate([prompt] * 4, sampling, seeds)
     assert [g.token_ids for g in together] == [g.token_ids for g in alone]
@@ -197,10 +197,12 @@ def test_a_groups_samples_differ_and_each_depends_only_on_its_own_seed(tiny):
     task_ids=st.sets(st.text(min_size=1, max_size=40), min_size=1, max_size=20),
     group=st.integers(2, 16),
 )
-def test_every_rollout_of_a_run_gets_its_own_seed_and_a_replay_the_same(run_seed, task_ids, group):
-    seeds = [rollout_seed(run_seed, task, i) for task in sorted(task_ids) for i in range(group)]
+def test_every_rollout_of_a_run_gets_its_own_seed_and_a_replay_or_rerun_the_same(run_seed, task_ids, group):
+    seeds = [rollout_seed(run_seed, "run-a", f"run-a-{task}", i) for task in sorted(task_ids) for i in range(group)]
     assert len(set(seeds)) == len(seeds)
-    assert seeds == [rollout_seed(run_seed, task, i) for task in sorted(task_ids) for i in range(group)]
+    # a replay, and another run of the same config (another run id), sample every rollout with the same seed
+    again = [rollout_seed(run_seed, "run-b", f"run-b-{task}", i) for task in sorted(task_ids) for i in range(group)]
+    assert seeds == again
     assert all(0 <= s < 2**63 for s in seeds)
 
 

@@ -90,6 +90,25 @@ def test_grpo_raises_the_mean_reward_on_tiny():
 
 
 @pytest.mark.unit
+def test_frozen_embeddings_stay_as_they_were_and_hold_no_optimiser_state():
+    from trainers import OptimizerState
+
+    agent = load_model("tiny", seed=0)
+    prompts = [render_prompt(agent.tokenizer, f"count {i}") for i in range(4)]
+    config = GRPOConfig(learning_rate=3e-3, per_device_train_batch_size=16, freeze_embeddings=True, filter_groups=False)
+    trainer = GRPOTrainer(agent.model, agent.tokenizer, config)
+    embeddings = agent.model.get_input_embeddings().weight
+    assert agent.model.get_output_embeddings().weight is embeddings  # tied: the output head is frozen with them
+    before = {name: p.detach().clone() for name, p in agent.model.named_parameters()}
+    state = OptimizerState()
+    rows, _ = select_rollouts(rollout_rows(sample(agent, prompts, 4, seed=5), 4), 0, config)
+    trainer.train(rows, state=state)
+    changed = {name for name, p in agent.model.named_parameters() if not torch.equal(p, before[name])}
+    assert changed and "model.embed_tokens.weight" not in changed
+    assert len(state.optimizer["state"]) == len(before) - 1  # moments for every weight but the embeddings
+
+
+@pytest.mark.unit
 def test_the_ratio_is_taken_against_the_trainers_policy_and_the_samplers_logprobs_only_weight_it():
     """As TRL: the denominator is the parent's log-probabilities as this model computes them, and the sampler's
     (another engine's: here the transformers backend's, shifted as bf16 kernels would shift them) enter only as

@@ -54,6 +54,10 @@ class OptimConfig:
     gradient_checkpointing: bool = (
         False  # recompute each layer's activations in the backward pass: less memory, ~30% slower
     )
+    # Train every weight but the token embeddings (and the output head, where it is tied to them): no gradients
+    # and no AdamW moments for them. In SmolLM2-135M they are 28M of 135M weights, 0.34 GB of the update's
+    # gradients and moments.
+    freeze_embeddings: bool = False
     fsdp: str = ""  # several processes on GPUs: "full_shard" or "shard_grad_op" shard the model (FSDP) instead of DDP
 
     def check(self) -> None:
@@ -77,6 +81,8 @@ class OptimConfig:
             raise ValueError(f"fsdp must be one of {', '.join(map(repr, FSDP_MODES))}, got {self.fsdp!r}")
         if self.fsdp and self.use_peft:
             raise ValueError("fsdp shards full fine-tuning; LoRA adapters are small enough for DDP (leave fsdp empty)")
+        if self.fsdp and self.freeze_embeddings:
+            raise ValueError("fsdp flattens trained and frozen weights together: leave freeze_embeddings off with it")
 
     @property
     def warmup(self) -> int:
@@ -247,6 +253,8 @@ class Trainer:
             raise ValueError(f"{self.kl_option} > 0 needs a reference model")
         self.config = config
         self.tokenizer = tokenizer
+        if config.freeze_embeddings:
+            model.get_input_embeddings().weight.requires_grad_(False)
         self.model = with_lora(model, config) if config.use_peft else model
         self.ref_model = ref_model
         self.compute = compute

@@ -174,7 +174,8 @@ def update_plan(
         trained = arch.layers * targets * options.lora_r * 2 * arch.hidden  # A and B of each adapted projection
         master = n * BYTES[dtype] + trained * 4
     else:
-        trained = n
+        frozen = arch.vocab * arch.hidden if getattr(options, "freeze_embeddings", False) else 0
+        trained = n - frozen
         master = n * 4 + (n * BYTES[dtype] if dtype != "fp32" else 0)
     uses_reference = bool(getattr(options, "beta", 0) or getattr(options, "kl_coef", 0))
     reference = n * BYTES[dtype] if uses_reference else 0

@@ -99,7 +99,8 @@ class RunConfig:
     # a group needs; and PPO-ptx on the warm start's answers, so that what no mixed group covers (the multi-call
     # answers) does not decay. Measured to teach the agent, run e13 of docs/RESULTS.md (3 passes undid it; ptx_coef
     # 1.0 made every group agree; steps of 4 rows gave 24-40 steps a run). At most 2 mixed groups an update (16
-    # steps): a run with many mixed groups took 104 steps and 17:46 (e32), past the 15 minutes.
+    # steps): a run with many mixed groups took 104 steps and 17:46 (e32), past the 15 minutes. The embeddings (the
+    # tied output head) stay the warm start's: their gradients and moments were 0.34 GB of the run's 4.3 GB peak.
     agent: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
             learning_rate=3e-5,
@@ -112,6 +113,7 @@ class RunConfig:
             epsilon_high=0.28,
             ptx_coef=0.3,
             max_groups=2,
+            freeze_embeddings=True,
         )
     )
     # Steps of 8 generations in micro-batches of 2: the simulator's prompts are long (four candidates), and a

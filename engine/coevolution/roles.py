@@ -119,9 +119,10 @@ def _quiet(done: int, total: int) -> None:
     pass
 
 
-def rollout_seed(run_seed: int, task_id: str, index: int) -> int:
-    """The sampling seed of rollout `index` of a task: distinct within and across groups, fixed by the run's seed."""
-    return sample_seed(run_seed, task_id, index)
+def rollout_seed(run_seed: int, run_id: str, task_id: str, index: int) -> int:
+    """The sampling seed of rollout `index` of a task: distinct within and across groups, fixed by the run's seed and
+    the task's place in the run (its id less the run id), so that two runs of one config sample alike."""
+    return sample_seed(run_seed, task_id.removeprefix(f"{run_id}-"), index)
 
 
 @dataclass(frozen=True)
@@ -325,7 +326,7 @@ class Simulator(ModelRole):
             prompts = [self.prompt(r.prompt) for r in requests]
             description = f"epoch {epoch}: simulator writes {wanted} tasks (attempt {attempt + 1})"
             key = (epoch, attempt) if round_ == 0 else (epoch, "refill", round_, attempt)
-            seeds = [sample_seed(cfg.seed, self.run_id, "simulator", *key, i) for i in range(wanted)]
+            seeds = [sample_seed(cfg.seed, "simulator", *key, i) for i in range(wanted)]  # not the run id: runs repeat
             grammars = [r.grammar for r in requests]
             if progress_for is None:
                 generations = self.generate(prompts, cfg.env_max_new_tokens, seeds, grammars=grammars)
@@ -432,11 +433,12 @@ class Rollouts(ModelRole):
         self, tasks: list[GeneratedTask], epoch: int, progress: Tick = _quiet, producer: str = "rollout"
     ) -> list[RolloutCompleted]:
         """group_size rollouts of every task, in task order; rollout ids are `<task id>-r<i>`. Rollout i of a task is
-        sampled with `rollout_seed(run seed, task id, i)`: a group's rollouts differ, and a replay gets them again.
+        sampled with `rollout_seed(run seed, run id, task id, i)`: a group's rollouts differ, and a replay (or another
+        run of the config) gets them again.
         In a multi-turn domain (one with `max_turns`) a rollout is a trajectory (`play`): its completion is its
         commands, one a line, and turns_json holds each turn's prompt, tokens and log-probabilities."""
         g = self.config.group_size
-        seeds = [rollout_seed(self.config.seed, t.task_id, i) for t in tasks for i in range(g)]
+        seeds = [rollout_seed(self.config.seed, self.run_id, t.task_id, i) for t in tasks for i in range(g)]
         if multi_turn(self.domain):
             trajectories = self.play([t.parsed for t in tasks for _ in range(g)], seeds, progress)
             generations = [trajectory_generation(turns) for turns in trajectories]
