@@ -106,6 +106,10 @@ def test_frozen_embeddings_stay_as_they_were_and_hold_no_optimiser_state():
     changed = {name for name, p in agent.model.named_parameters() if not torch.equal(p, before[name])}
     assert changed and "model.embed_tokens.weight" not in changed
     assert len(state.optimizer["state"]) == len(before) - 1  # moments for every weight but the embeddings
+    # An update that trains the embeddings cannot continue that state: it says why, before any step.
+    thawed = GRPOTrainer(load_model("tiny", seed=0).model, agent.tokenizer, GRPOConfig(filter_groups=False))
+    with pytest.raises(ValueError, match="freeze_embeddings differs"):
+        thawed.train(rows, state=state)
 
 
 @pytest.mark.unit

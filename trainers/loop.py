@@ -170,6 +170,12 @@ def optimise(
     optimiser = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay, fused=fused)
     state = state if state is not None else OptimizerState()
     if state.optimizer is not None:
+        saved = sum(len(group["params"]) for group in state.optimizer["param_groups"])
+        if saved != len(params):
+            raise ValueError(
+                f"the optimiser state this update continues is for {saved} weight tensors, and it trains "
+                f"{len(params)}: freeze_embeddings differs from the update it continues"
+            )
         optimiser.load_state_dict(state.optimizer)
         for group in optimiser.param_groups:  # the moments carry on; the options are this update's
             group["weight_decay"] = config.weight_decay
