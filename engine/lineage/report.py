@@ -228,11 +228,15 @@ def write_report(
     """learning: what the run taught (CoEvolution.learning: optimiser steps, the paired gain, the learning curve,
     each phase's time and peak RSS), at the top level of metrics.json and drawn in learning.png."""
     folder.mkdir(parents=True, exist_ok=True)
+    # What `dtype = "auto"` and `device = "auto"` were on this machine: bf16 where the CPU multiplies it in hardware,
+    # else fp32, whose run takes about 1.45 times as long (docs/RESULTS.md); config.toml keeps what was asked.
+    precision = config.precision.resolved()
     (folder / "metrics.json").write_text(
         json.dumps(
             nan_to_none(
                 {
                     "run_id": run_id,
+                    "precision": {"device": precision.device, "dtype": precision.dtype},
                     "initial_validation_accuracy": initial_accuracy,
                     **(learning or {}),
                     "initial_validation_by_level": initial_by_level or {},
@@ -279,7 +283,8 @@ def write_report(
     page = f"""# genenv run {run_id}
 
 Domain **{config.domain}**, mode **{config.mode}**, agent `{config.agent_model}`, simulator `{config.env_model}`,
-{config.epochs} epochs x {config.tasks_per_epoch} tasks x {config.group_size} rollouts. Lake: `{lake_root}`.
+{config.epochs} epochs x {config.tasks_per_epoch} tasks x {config.group_size} rollouts, {precision.dtype} on
+{precision.device}. Lake: `{lake_root}`.
 Validation accuracy before training: {initial_accuracy:.3f}.
 
 | epoch | agent v | env v | tasks | valid | agent success | batches in band | validation acc | response tokens | difficulty | selection bias | informative groups / 100 rollouts |
