@@ -317,6 +317,8 @@ PROFILES: dict[str, dict] = {
         "agent.max_groups": 0,  # 64 tasks an epoch: every mixed group
         "agent.use_peft": True,
         "env.use_peft": True,
+        # the CPU default's saving, which FSDP (configs/paper-fsdp-8gpu.toml) refuses; LoRA trains no embedding anyway
+        "agent.freeze_embeddings": False,
         "agent.gradient_checkpointing": True,
         "env.gradient_checkpointing": True,
     },
