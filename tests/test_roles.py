@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import random
 import socket
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
 
-from engine.coevolution import CoEvolution, Rollouts, Scorer, Simulator, Updater, load_config
+from engine.coevolution import CoEvolution, GeneratedTask, Rollouts, Scorer, Simulator, Updater, load_config
 from engine.domains import get_domain
 from engine.workers import ROLES, worker
 from lake import Lake
@@ -73,3 +74,27 @@ def test_no_module_calls_another_modules_private_names():
                 if isinstance(node, ast.ImportFrom) and any(a.name.startswith("_") for a in node.names):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: import {[a.name for a in node.names]}")
     assert not offenders, offenders
+
+
+def test_two_runs_of_one_config_sample_alike_and_another_seed_does_not(tmp_path):
+    """No sampling seed takes the run id: the simulator's generations and the agent's rollouts of a run named r1
+    are those of the same config named r2 (so `genenv run` repeats), and a run at another seed draws others."""
+    lake = Lake(tmp_path / "lake")
+
+    def sampled(run_id: str, seed: int) -> tuple[list[str], list[list[int]]]:
+        config = load_config("quick", None, [f"seed={seed}"])
+        domain = get_domain(config.domain)
+        simulator, rollouts = Simulator(config, domain, run_id), Rollouts(config, domain, run_id)
+        simulator.load(lake, 0)
+        rollouts.load(lake, 0)
+        written = simulator.write(0, 2, [])
+        seeds = domain.seeds(random.Random(0), 2)  # tasks the agent can attempt, named as a run names its tasks
+        tasks = [
+            GeneratedTask(f"{run_id}-e0-t{i}", f"{run_id}-e0-b0", "", text, task, "0", 0)
+            for i, (_, text, task) in enumerate(seeds)
+        ]
+        return [t.generation for t in written], [r.completion_token_ids for r in rollouts.roll_out(tasks, 0)]
+
+    first = sampled("r1", 3)
+    assert first == sampled("r2", 3)
+    assert first != sampled("r1", 4)
