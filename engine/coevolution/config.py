@@ -112,6 +112,7 @@ class RunConfig:
             temperature=0.7,
             epsilon_high=0.28,
             ptx_coef=0.3,
+            ptx_batch_size=1,
             max_groups=2,
             freeze_embeddings=True,
         )
