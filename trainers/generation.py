@@ -163,22 +163,22 @@ class TransformersBackend:
 
     @torch.no_grad()
     def prefill(self, enc) -> tuple[dict, dict]:
-        """generate's inputs and starting cache for a batch, with what its prompts share encoded once: the tokens
+        """`decode`'s inputs and starting cache for a batch, with what its prompts share encoded once: the tokens
         every prompt starts with (the chat template's system turn and the domain's preamble: a fifth of a held-out
         prompt's tokens, two fifths of a simulator's) as one row, and each distinct prompt's rest once, its keys
         and values copied to the rows that repeat it (a task's group_size rollouts), as `pack_shared` does for
         training (trainers/batching.py). Prefill is most of a batch's time on a CPU: encoding every row whole was G
         times the work for G rollouts of a task, and the shared start once a row.
         The rows are laid out [shared start | left padding | rest], the attention mask zero on the padding, and
-        positions follow the mask, as generate's own do; the last prompt token is left out of the cache, for
-        generate's first step to run on. The inputs unchanged and no cache ({}) when nothing is shared."""
+        positions follow the mask; the last prompt token is left out of the cache, for the first decoding step to run
+        on. The inputs unchanged and no cache ({}) when nothing is shared."""
         pad = self.tokenizer.pad_token_id
         prompts = [row[keep].tolist() for row, keep in zip(enc["input_ids"], enc["attention_mask"].bool())]
         slot: dict[tuple, int] = {}  # a prompt -> its place among the distinct ones
         for prompt in prompts:
             slot.setdefault(tuple(prompt), len(slot))
         distinct = [list(p) for p in slot]
-        # The shared start leaves every prompt at least its last token (generate's first step).
+        # The shared start leaves every prompt at least its last token (the first decoding step's).
         shared = min(len(os.path.commonprefix(distinct)), min(map(len, distinct)) - 1)
         if shared < 1 and (len(distinct) == len(prompts) or min(map(len, distinct)) < 2):
             return enc, {}  # nothing shared (or a one-token prompt that no start could precede)
