@@ -385,14 +385,14 @@ class CoEvolution:
         events += self.scorer.seeds(tasks)
         self.writer.publish(events)
         self.writer.land()
-        # Steps as the simulator's RWR updates take them ([env]; by default 8 rows), for both models, one row a
-        # micro-batch and no activation recomputed: a warm start's rows are whole prompts and answers, as RWR's are
-        # (GRPO's rows share their prompt), and a simulator seed's prompt is long, so micro-batches of several rows
-        # made the activations the largest thing in the process (the agent's SFT at 2 rows was the run's peak, 4.34
-        # GB against 3.59 recomputed, docs/RESULTS.md "Time and memory"). One row's activations are a few hundred
-        # MB, and keeping them saves the recompute, about a quarter of a warm start (docs/RESULTS.md, e51). The
-        # step's loss is the same however its rows are split: SFTTrainer divides the step's summed NLL by its
-        # completion tokens.
+        # Steps and activation checkpointing as the simulator's RWR updates take them ([env]; by default steps of 8
+        # rows, activations recomputed in the backward pass), for both models: a warm start's rows are whole prompts
+        # and answers, as RWR's are (GRPO's rows share their prompt). A seed's long simulator prompt made a
+        # micro-batch's activations the largest thing in the process, about 4 GB at 8 rows for a 135M model; the
+        # agent's SFT, with them kept, was the run's peak (4.34 GB in the process against 3.59 recomputed,
+        # docs/RESULTS.md "Time and memory"). One row a micro-batch: the step's loss is the same (SFTTrainer divides
+        # the step's summed NLL by its completion tokens, however they are split), and no row waits on padding to
+        # the longest prompt beside it, a fifth of the tokens of micro-batches of 2 (docs/RESULTS.md, e50).
         sft = RWRConfig(
             learning_rate=cfg.warm_start_learning_rate,
             per_device_train_batch_size=1,
@@ -400,6 +400,7 @@ class CoEvolution:
             kl_coef=0.0,
             num_train_epochs=cfg.warm_start_epochs,
             seed=cfg.seed,
+            gradient_checkpointing=cfg.env.gradient_checkpointing,
         )
         agent = self.train("agent", epoch=0, options=sft, warm_start=True)
         env = self.train("env", epoch=0, options=sft, warm_start=True) if self.simulator.needs_model else None
