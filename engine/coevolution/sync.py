@@ -391,8 +391,9 @@ class CoEvolution:
         # micro-batch's activations the largest thing in the process, about 4 GB at 8 rows for a 135M model; the
         # agent's SFT, with them kept, was the run's peak (4.34 GB in the process against 3.59 recomputed,
         # docs/RESULTS.md "Time and memory"). One row a micro-batch: the step's loss is the same (SFTTrainer divides
-        # the step's summed NLL by its completion tokens, however they are split), and no row waits on padding to
-        # the longest prompt beside it, a fifth of the tokens of micro-batches of 2 (docs/RESULTS.md, e50).
+        # the step's summed NLL by its completion tokens, however they are split), no row is padded to the prompt
+        # beside it, and the warm start held 0.24 GB less than in micro-batches of 2, in the same time (e50 against
+        # e49; with the activations kept instead of recomputed it took 250 s against 231, e51).
         sft = RWRConfig(
             learning_rate=cfg.warm_start_learning_rate,
             per_device_train_batch_size=1,
