@@ -393,7 +393,7 @@ class CoEvolution:
         # docs/RESULTS.md "Time and memory"). One row a micro-batch: the step's loss is the same (SFTTrainer divides
         # the step's summed NLL by its completion tokens, however they are split), no row is padded to the prompt
         # beside it, and the warm start held 0.24 GB less than in micro-batches of 2, in the same time (e50 against
-        # e49; with the activations kept instead of recomputed it took 250 s against 231, e51).
+        # e49; with the activations kept instead of recomputed it was no faster, e51).
         sft = RWRConfig(
             learning_rate=cfg.warm_start_learning_rate,
             per_device_train_batch_size=1,
