@@ -205,26 +205,6 @@ def test_the_ptx_term_trains_the_warm_start_answers_beside_grpo():
 
 
 @pytest.mark.unit
-def test_the_ptx_anchor_is_taken_in_turn_across_a_lineages_updates():
-    """An update's ptx rows go on from where its lineage's optimiser steps stand, so the run's updates go through
-    the whole anchor instead of each taking its first rows again."""
-    agent = load_model("tiny", seed=0)
-    tok, texts = agent.tokenizer, ["abc", "def", "ghi"]
-    anchor = pl.DataFrame({"prompt": [render_prompt(tok, f"recite {i}") for i in range(3)], "text": texts})
-    trainer = GRPOTrainer(agent.model, tok, GRPOConfig(ptx_coef=0.5, ptx_batch_size=1), anchor=anchor)
-
-    def taken(lineage_step: int) -> list[str]:  # the anchor texts of an update's two micro-batches
-        trainer.lineage_step = lineage_step
-        batches = trainer.reference_answers(2)
-        return [tok.decode(b.completion_ids[0][b.completion_mask[0].bool()], skip_special_tokens=True) for b in batches]
-
-    first = taken(0)
-    assert len(set(first)) == 2 and set(first) < set(texts)
-    missing = (set(texts) - set(first)).pop()
-    assert taken(2) == [missing, first[0]]  # the row the first update left, then round again
-
-
-@pytest.mark.unit
 def test_the_grpo_term_runs_its_forward_pass_after_the_ptx_terms_backward():
     """A micro-batch's loss comes in terms that `optimise` backpropagates one at a time, so the ptx rows' forward
     pass never shares memory with the GRPO rows' activations; the gradients are those of the terms' sum."""

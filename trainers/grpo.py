@@ -231,10 +231,8 @@ class GRPOTrainer(Trainer):
         return batches
 
     def reference_answers(self, n: int) -> list[TokenBatch]:
-        """ptx_batch_size anchor rows for each of n micro-batches: the anchor in a seeded order, taken in turn (again
-        from the start when it runs out), each rank from its own place in that order. An update starts where its
-        lineage's optimiser step count stands, so the run's updates go on through the anchor instead of each taking
-        its first rows again."""
+        """ptx_batch_size anchor rows for each of n micro-batches: the anchor in a seeded order, taken in turn (and
+        again from the start when it runs out), each rank from its own place in that order."""
         if self.anchor is None:
             return []
         cfg, tok, rows = self.config, self.tokenizer, self.anchor
@@ -243,7 +241,7 @@ class GRPOTrainer(Trainer):
         size = cfg.ptx_batch_size
         batches = []
         for i in range(n):
-            start = ((self.lineage_step + i) * self.world + self.rank) * size
+            start = (i * self.world + self.rank) * size
             indices = [order[(start + j) % rows.height] for j in range(size)]
             batches.append(pack([prompts[k] for k in indices], [answers[k] for k in indices], tok.pad_token_id))
         return batches

@@ -266,7 +266,6 @@ class Trainer:
         self.compute = compute
         self.accelerator = accelerator
         self.rank, self.world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
-        self.lineage_step = 0  # the optimiser steps the lineage had taken when this update started
 
     @property
     def passes(self) -> int:
@@ -292,7 +291,6 @@ class Trainer:
         """One update over `rows` (already selected); returns its metrics. state: where the optimiser starts (the
         parent update's), left holding where it ended."""
         torch.manual_seed(self.config.seed)
-        self.lineage_step = state.step if state is not None else 0  # where the lineage stands (see GRPO's anchor rows)
         batches = self.micro_batches(rows)
         # The micro-batches hold the reference's log-probabilities: the reference model (a whole model's weights)
         # is not needed while the gradients and AdamW's moments are, the update's largest moment.

@@ -101,9 +101,6 @@ class RunConfig:
     # 1.0 made every group agree; steps of 4 rows gave 24-40 steps a run). At most 2 mixed groups an update (16
     # steps): a run with many mixed groups took 104 steps and 17:46 (e32), past the 15 minutes. The embeddings (the
     # tied output head) stay the warm start's: their gradients and moments were 0.34 GB of the run's 4.3 GB peak.
-    # One ptx answer a micro-batch, the anchor gone through in turn over the run's updates: two were most of a
-    # step's tokens (two whole prompts and answers beside one shared prompt and two answers), and one took the four
-    # updates from 369 s to 285 s on seed 0 (docs/RESULTS.md, e50).
     agent: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
             learning_rate=3e-5,
@@ -115,7 +112,6 @@ class RunConfig:
             temperature=0.7,
             epsilon_high=0.28,
             ptx_coef=0.3,
-            ptx_batch_size=1,
             max_groups=2,
             freeze_embeddings=True,
         )

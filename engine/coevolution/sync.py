@@ -385,19 +385,17 @@ class CoEvolution:
         events += self.scorer.seeds(tasks)
         self.writer.publish(events)
         self.writer.land()
-        # Steps and activation checkpointing as the simulator's RWR updates take them ([env]; by default steps of 8
-        # rows, activations recomputed in the backward pass), for both models: a warm start's rows are whole prompts
-        # and answers, as RWR's are (GRPO's rows share their prompt). A seed's long simulator prompt made a
-        # micro-batch's activations the largest thing in the process, about 4 GB at 8 rows for a 135M model; the
-        # agent's SFT, with them kept, was the run's peak (4.34 GB in the process against 3.59 recomputed,
-        # docs/RESULTS.md "Time and memory"). One row a micro-batch: the step's loss is the same (SFTTrainer divides
-        # the step's summed NLL by its completion tokens, however they are split), no row is padded to the prompt
-        # beside it, and the warm start held 0.24 GB less than in micro-batches of 2, in the same time (e50 against
-        # e49; with the activations kept instead of recomputed it was no faster, e51).
+        # Steps, micro-batches and activation checkpointing as the simulator's RWR updates take them ([env]; by
+        # default steps of 8 rows in micro-batches of 2, activations recomputed in the backward pass), for both
+        # models: a warm start's rows are whole prompts and answers, as RWR's are (GRPO's rows share their prompt).
+        # A seed's long simulator prompt made a micro-batch's activations the largest thing in the process, about
+        # 4 GB at 8 rows for a 135M model; the agent's SFT, with them kept, was the run's peak (4.34 GB in the
+        # process against 3.59 recomputed, docs/RESULTS.md "Time and memory"). The quick profile's tiny models take
+        # all 8 at once.
         sft = RWRConfig(
             learning_rate=cfg.warm_start_learning_rate,
-            per_device_train_batch_size=1,
-            gradient_accumulation_steps=cfg.env.per_device_train_batch_size * cfg.env.gradient_accumulation_steps,
+            per_device_train_batch_size=cfg.env.per_device_train_batch_size,
+            gradient_accumulation_steps=cfg.env.gradient_accumulation_steps,
             kl_coef=0.0,
             num_train_epochs=cfg.warm_start_epochs,
             seed=cfg.seed,
