@@ -268,19 +268,20 @@ class TransformersBackend:
             )
             cache = {CACHE: getattr(out, CACHE)}
             logits = out.logits[:, -1].float()
-            recorded = torch.log_softmax(logits / temperature, dim=-1)
             scores = self.masked(logits, [matchers[r] for r in rows])
             chosen = (
                 scores.argmax(-1)
                 if greedy
                 else draw(scores, temperature, sampling.top_p, [generators[r] for r in rows])
             )
-            for i, r in enumerate(rows):
+            # log softmax(logits / T) at the chosen tokens, from the raw logits: one gather a step, not a row each
+            scaled = logits / temperature
+            logprobs = (scaled.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - scaled.logsumexp(-1)).tolist()
+            for i, (r, token) in enumerate(zip(rows, chosen.tolist())):
                 if r in ended:
                     continue
-                token = int(chosen[i])
                 answers[r][0].append(token)
-                answers[r][1].append(float(recorded[i, token]))
+                answers[r][1].append(logprobs[i])
                 if matchers[r] is not None and not matchers[r].is_terminated():
                     matchers[r].accept_token(token)
                 if token == eos:
@@ -289,8 +290,7 @@ class TransformersBackend:
                 break
             mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
             step_ids, positions = chosen.unsqueeze(1), positions[:, -1:] + 1
-            gone = [i for i, r in enumerate(rows) if r in ended]
-            if len(gone) * 4 >= len(rows):
+            if sum(r in ended for r in rows) * 4 >= len(rows):
                 keep = torch.tensor([i for i, r in enumerate(rows) if r not in ended], device=mask.device)
                 cache[CACHE].batch_select_indices(keep)
                 mask, step_ids, positions = mask[keep], step_ids[keep], positions[keep]
