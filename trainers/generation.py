@@ -1,32 +1,29 @@
 """Generation behind one interface: text, token ids and the log-probability of every sampled token.
 
-`TransformersBackend` batches prompts with transformers' models and KV cache, and decodes them with a loop of its
-own (`TransformersBackend.decode`): transformers' `generate` runs every row of a batch until its longest answer
-ends, and on a CPU a decoding step costs mostly the weights read once, so rows that have ended leave the batch.
-What the prompts of a batch share (the chat template's start, a task's repeated prompt) is encoded once
-(`TransformersBackend.prefill`). The log-probabilities are those of the policy the trainer optimises:
-log_softmax(logits / T) at each sampled token (T = the sampling temperature, 1 for greedy), which is what a
-teacher-forced forward pass of prompt + completion recomputes; top-p only narrows which tokens are sampled.
-`VLLMBackend` is imported only where CUDA and vllm exist.
+`TransformersBackend` batches prompts with left padding and transformers' KV cache. The
+log-probabilities are those of the policy the trainer optimises: log_softmax(logits / T)
+at each sampled token (T = the sampling temperature, 1 for greedy), which is what a
+teacher-forced forward pass of prompt + completion recomputes; top-p only narrows which
+tokens are sampled. `VLLMBackend` is imported only where CUDA and vllm exist.
 
 Every prompt is sampled with a seed of its own (`sample_seed`: from the run's seed and what names the
 sample, such as the task id and the rollout index), so a task's G rollouts differ from each other,
 the same run seed gives the same seeds on a replay, and a sample does not depend on which prompts
-were batched with it. vLLM takes one SamplingParams (with its seed) per prompt; the transformers backend
-draws each row's token with the row's own generator (`draw`: the Gumbel-max trick, argmax(logits / T + Gumbel
-noise) is a sample of softmax(logits / T)).
+were batched with it. vLLM takes one SamplingParams (with its seed) per prompt. transformers'
+`generate` has one random stream per call, so `SeededSampling` draws each row's token itself, with
+the row's own generator (the Gumbel-max trick: argmax(logits / T + Gumbel noise) is a sample of
+softmax(logits / T)), and generate runs greedy over those choices.
 
 A prompt may come with a grammar (EBNF, xgrammar's dialect): its tokens are then masked to what the grammar
-allows, by xgrammar's grammar matcher (or vLLM's structured outputs, whose default backend is xgrammar too), so
-both backends read one grammar. The log-probabilities recorded stay the model's own, unmasked: the trainers
-recompute those.
+allows, by xgrammar's transformers logits processor (or vLLM's structured outputs, whose default backend is
+xgrammar too), so both backends read one grammar. The log-probabilities recorded stay the model's own,
+unmasked: the trainers recompute those.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import os
 from dataclasses import dataclass
 
 import torch
@@ -69,18 +66,51 @@ def prompt_seeds(sampling: SamplingConfig, n: int, seeds: list[int] | None) -> l
     return list(seeds)
 
 
-def draw(scores: torch.Tensor, temperature: float, top_p: float, generators: list[torch.Generator]) -> torch.Tensor:
-    """One token per row, sampled from softmax(scores / T) restricted to the top-p nucleus with the row's own
-    generator, by Gumbel-max (argmax(logits / T + Gumbel noise) is a sample of softmax(logits / T)). A row's draw
-    depends only on its scores and its generator, never on the rows beside it."""
-    logits = scores.float() / temperature
-    if top_p < 1.0:
-        ordered, order = logits.sort(dim=-1, descending=True)
-        outside = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1) >= top_p  # the first token always stays
-        logits = logits.masked_fill(torch.zeros_like(outside).scatter(-1, order, outside), float("-inf"))
-    uniform = torch.stack([torch.rand(logits.shape[-1], generator=g) for g in generators]).to(logits.device)
-    gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1 - 1e-7)))
-    return (logits + gumbel).argmax(-1)
+class SeededSampling:
+    """A transformers logits processor that samples each row with its own torch.Generator: softmax(logits / T)
+    restricted to the top-p nucleus, drawn by Gumbel-max. It returns scores where only the drawn token is finite,
+    so greedy decoding emits exactly the draw; the raw logits transformers reports are untouched."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float):
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.temperature, self.top_p = temperature, top_p
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logits = scores.float() / self.temperature
+        if self.top_p < 1.0:
+            ordered, order = logits.sort(dim=-1, descending=True)
+            outside = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1) >= self.top_p  # the first token always stays
+            logits = logits.masked_fill(torch.zeros_like(outside).scatter(-1, order, outside), float("-inf"))
+        uniform = torch.stack([torch.rand(logits.shape[-1], generator=g) for g in self.generators]).to(logits.device)
+        gumbel = -torch.log(-torch.log(uniform.clamp(min=1e-20, max=1 - 1e-7)))
+        chosen = (logits + gumbel).argmax(-1, keepdim=True)
+        return torch.full_like(scores, float("-inf")).scatter(-1, chosen, 0.0)
+
+
+class ChosenLogprobs:
+    """A transformers logits processor that records log softmax(logits / T) of each token generated, from the raw
+    logits (it must come before any processor that changes them) and one step behind: at step k the token chosen at
+    step k - 1 is the last input id. transformers' own `output_logits` keeps every step's logits, (batch, new
+    tokens, vocabulary) in fp32: 0.45 GB for a batch of 32 answers of 72 tokens of a 49k vocabulary, and as much
+    again for their log-softmax, the largest thing in a process generating with a 135M model."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.steps: list[torch.Tensor] = []  # (batch,) per step, the steps before the last
+        self.last: torch.Tensor | None = None  # the latest step's log-probabilities, (batch, vocabulary)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.last is not None:
+            self.steps.append(self.last.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.last = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def of(self, sequences: torch.Tensor) -> torch.Tensor:
+        """(batch, new tokens): the log-probability of each token of `sequences`, the generated part."""
+        if self.last is None:
+            return torch.zeros(sequences.shape, dtype=torch.float32)
+        final = self.last.gather(-1, sequences[:, -1:]).squeeze(-1)
+        return torch.stack([*self.steps, final], dim=1).cpu()
 
 
 def render_prompt(tokenizer, user_text: str, system: str | None = None) -> str:
@@ -98,6 +128,9 @@ def prompt_token_ids(tokenizer, prompts: list[str]) -> list[list[int]]:
     template already wrote any BOS the model wants, so the tokenizer adds no special token. A tokenizer left to add
     them (vLLM given a string does) puts a second BOS before the template's."""
     return tokenizer(prompts, add_special_tokens=False)["input_ids"]
+
+
+ANY_TEXT = "root ::= [^]*"  # the grammar of a row left free in a batch whose other rows are constrained
 
 
 @functools.lru_cache(maxsize=4)
@@ -133,9 +166,9 @@ class TransformersBackend:
         sampling = sampling or SamplingConfig()
         seeds = prompt_seeds(sampling, len(prompts), seeds)
         grammars = grammars or [""] * len(prompts)
-        # Batches of prompts of similar length: less padding, and answers that tend to end together (a row that has
-        # ended rides along until a quarter of the batch has: `decode`). Each sample depends only on its prompt and
-        # seed, so the order changes no result.
+        # Batches of prompts of similar length: less padding, and answers that tend to end together (a batch
+        # runs until its longest answer ends). Each sample depends only on its prompt and seed, so the order
+        # changes no result.
         lengths = [len(ids) for ids in prompt_token_ids(self.tokenizer, prompts)]
         order = sorted(range(len(prompts)), key=lengths.__getitem__)
         out: list[Generation | None] = [None] * len(prompts)
@@ -152,164 +185,92 @@ class TransformersBackend:
                 progress(min(start + self.batch_size, len(prompts)), len(prompts))
         return out
 
-    def matchers(self, grammars: list[str]) -> list:
-        """xgrammar's matcher for each row with a grammar (None for a free row)."""
+    def constraint(self, grammars: list[str]) -> list:
+        """xgrammar's logits processor for a batch whose rows have grammars (a free row gets one that allows any
+        text); none when no row has one."""
         if not any(grammars):
-            return [None] * len(grammars)
-        import xgrammar
+            return []
+        from xgrammar.contrib.hf import LogitsProcessor
 
         compiler = grammar_compiler(self.tokenizer, self.model.config.vocab_size)
-        return [xgrammar.GrammarMatcher(compiler.compile_grammar(g)) if g else None for g in grammars]
+        return [LogitsProcessor([compiler.compile_grammar(g or ANY_TEXT) for g in grammars])]
 
     @torch.no_grad()
-    def prefill(self, enc) -> tuple[dict, dict]:
-        """`decode`'s inputs and starting cache for a batch, with what its prompts share encoded once: the tokens
-        every prompt starts with (the chat template's system turn and the domain's preamble: a fifth of a held-out
-        prompt's tokens, two fifths of a simulator's) as one row, and each distinct prompt's rest once, its keys
-        and values copied to the rows that repeat it (a task's group_size rollouts), as `pack_shared` does for
-        training (trainers/batching.py). Prefill is most of a batch's time on a CPU: encoding every row whole was G
-        times the work for G rollouts of a task, and the shared start once a row.
-        The rows are laid out [shared start | left padding | rest], the attention mask zero on the padding, and
-        positions follow the mask; the last prompt token is left out of the cache, for the first decoding step to run
-        on. The inputs unchanged and no cache ({}) when nothing is shared."""
-        pad = self.tokenizer.pad_token_id
-        prompts = [row[keep].tolist() for row, keep in zip(enc["input_ids"], enc["attention_mask"].bool())]
+    def shared_prefill(self, enc) -> dict:
+        """generate's starting cache for a batch whose prompts repeat (a task's group_size rollouts): each distinct
+        prompt encoded once and its keys and values copied to the rows that repeat it, as `pack_shared` does for
+        training (trainers/batching.py). Encoding every row's prompt was G times the work for G rollouts of a
+        task, on a CPU more than half of a rollout batch's time. The last prompt token is left out, for generate's
+        first step to run on; positions follow the attention mask, as generate's own do. {} (generate encodes the
+        prompts) when no prompt repeats."""
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        keys = [tuple(row) for row in ids.tolist()]  # a prompt's ids, padding included
         slot: dict[tuple, int] = {}  # a prompt -> its place among the distinct ones
-        for prompt in prompts:
-            slot.setdefault(tuple(prompt), len(slot))
-        distinct = [list(p) for p in slot]
-        # The shared start leaves every prompt at least its last token (the first decoding step's).
-        shared = min(len(os.path.commonprefix(distinct)), min(map(len, distinct)) - 1)
-        if shared < 1 and (len(distinct) == len(prompts) or min(map(len, distinct)) < 2):
-            return enc, {}  # nothing shared (or a one-token prompt that no start could precede)
-        rests = [p[shared:] for p in distinct]
-        width = max(map(len, rests))
-        ids = torch.tensor([distinct[0][:shared] + [pad] * (width - len(r)) + r for r in rests])
-        mask = torch.tensor([[1] * shared + [0] * (width - len(r)) + [1] * len(r) for r in rests])
-        device = self.model.device
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = None
-        if shared:
-            cache = getattr(self.model(input_ids=ids[:1, :shared], use_cache=True, logits_to_keep=1), CACHE)
-            cache.batch_repeat_interleave(len(distinct))
-        if width > 1:  # each distinct prompt's rest but its last token, after the shared start
-            encoded = self.model(
-                input_ids=ids[:, shared:-1],
-                attention_mask=mask[:, :-1],
-                position_ids=positions[:, shared:-1],
-                use_cache=True,
-                logits_to_keep=1,
-                **({CACHE: cache} if cache is not None else {}),
-            )
-            cache = getattr(encoded, CACHE)
-        rows = torch.tensor([slot[tuple(p)] for p in prompts], device=device)
+        for key in keys:
+            slot.setdefault(key, len(slot))
+        if len(slot) == len(keys) or int(mask.sum(-1).min()) < 2:
+            return {}
+        distinct = [keys.index(key) for key in slot]  # the first row of each distinct prompt
+        rows = torch.tensor([slot[key] for key in keys], device=ids.device)
+        prefix_mask = mask[distinct, :-1]
+        encoded = self.model(
+            input_ids=ids[distinct, :-1],
+            attention_mask=prefix_mask,
+            position_ids=(prefix_mask.cumsum(-1) - 1).clamp(min=0),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = getattr(encoded, CACHE)
         cache.batch_select_indices(rows)
-        return {"input_ids": ids[rows], "attention_mask": mask[rows]}, {CACHE: cache}
+        return {CACHE: cache}
 
     def _generate_batch(
         self, prompts: list[str], sampling: SamplingConfig, seeds: list[int], grammars: list[str]
     ) -> list[Generation]:
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
+        greedy = sampling.temperature <= 0
+        # The recorder first (it reads the raw logits; xgrammar masks them in place), then the masks, so that the
+        # sampler draws among the allowed tokens.
+        recorder = ChosenLogprobs(1.0 if greedy else sampling.temperature)
+        sampler = [recorder, *self.constraint(grammars)]
+        sampler += [] if greedy else [SeededSampling(seeds, sampling.temperature, sampling.top_p)]
         was_training = self.model.training
         self.model.eval()
-        answers = self.decode(enc, sampling, seeds, grammars)
+        result = self.model.generate(
+            **enc,
+            **self.shared_prefill(enc),
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            logits_processor=sampler,
+            return_dict_in_generate=True,
+            use_cache=True,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
         self.model.train(was_training)
-        return [
-            Generation(
-                prompt=prompt,
-                prompt_token_ids=row[keep].tolist(),
-                text=tok.decode(ids, skip_special_tokens=True),
-                token_ids=ids,
-                logprobs=logprobs,
+        prompt_len = enc["input_ids"].shape[1]
+        sequences = result.sequences[:, prompt_len:]
+        logprobs = recorder.of(sequences)
+        generations = []
+        for i, prompt in enumerate(prompts):
+            ids = sequences[i].tolist()
+            if tok.eos_token_id in ids:
+                ids = ids[: ids.index(tok.eos_token_id) + 1]
+            prompt_ids = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
+            generations.append(
+                Generation(
+                    prompt=prompt,
+                    prompt_token_ids=prompt_ids,
+                    text=tok.decode(ids, skip_special_tokens=True),
+                    token_ids=ids,
+                    logprobs=logprobs[i, : len(ids)].tolist(),
+                )
             )
-            for prompt, row, keep, (ids, logprobs) in zip(
-                prompts, enc["input_ids"], enc["attention_mask"].bool(), answers
-            )
-        ]
-
-    @torch.no_grad()
-    def decode(
-        self, enc, sampling: SamplingConfig, seeds: list[int], grammars: list[str]
-    ) -> list[tuple[list[int], list[float]]]:
-        """Each row's answer: its tokens (to end-of-sequence, which is kept, or max_new_tokens of them) and the
-        log-probability of each, log softmax(logits / T) of the raw logits (T = 1 when greedy), before any mask.
-        A row with a grammar chooses among the tokens its xgrammar matcher allows; a sampled row draws with its own
-        seed (`draw`); a greedy row takes the most likely token.
-
-        Rows that have ended leave the batch (their keys and values with them) once they are a quarter of it: a
-        decoding step's cost on a CPU is a fixed ~85 ms (the weights read once, whatever the rows) plus ~4 ms a row
-        (a 135M model in fp32 on 2 cores), and transformers' `generate` runs every row until the batch's longest
-        answer ends: in a held-out validation 8832 row-steps were computed for 5116 tokens. Every row's answer is
-        the one a batch of its own gives (tests/test_models.py)."""
-        eos = self.tokenizer.eos_token_id
-        greedy = sampling.temperature <= 0
-        temperature = 1.0 if greedy else sampling.temperature
-        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-        matchers = self.matchers(grammars)
-        inputs, cache = self.prefill(enc)
-        mask = inputs["attention_mask"]
-        if cache:  # the prompts but their last tokens are in the cache
-            step_ids, positions = inputs["input_ids"][:, -1:], mask.sum(-1, keepdim=True) - 1
-        else:
-            step_ids, positions = inputs["input_ids"], (mask.cumsum(-1) - 1).clamp(min=0)
-        rows = list(range(len(seeds)))  # the prompt each batch row answers
-        answers: list[tuple[list[int], list[float]]] = [([], []) for _ in rows]
-        ended: set[int] = set()  # prompts whose answers are complete (their rows may still be in the batch)
-        for _ in range(sampling.max_new_tokens):
-            out = self.model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,
-                **cache,
-            )
-            cache = {CACHE: getattr(out, CACHE)}
-            logits = out.logits[:, -1].float()
-            scores = self.masked(logits, [matchers[r] for r in rows])
-            chosen = (
-                scores.argmax(-1)
-                if greedy
-                else draw(scores, temperature, sampling.top_p, [generators[r] for r in rows])
-            )
-            # log softmax(logits / T) at the chosen tokens, from the raw logits: one gather a step, not a row each
-            scaled = logits / temperature
-            logprobs = (scaled.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - scaled.logsumexp(-1)).tolist()
-            for i, (r, token) in enumerate(zip(rows, chosen.tolist())):
-                if r in ended:
-                    continue
-                answers[r][0].append(token)
-                answers[r][1].append(logprobs[i])
-                if matchers[r] is not None and not matchers[r].is_terminated():
-                    matchers[r].accept_token(token)
-                if token == eos:
-                    ended.add(r)
-            if len(ended) == len(answers):
-                break
-            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
-            step_ids, positions = chosen.unsqueeze(1), positions[:, -1:] + 1
-            if sum(r in ended for r in rows) * 4 >= len(rows):
-                keep = torch.tensor([i for i, r in enumerate(rows) if r not in ended], device=mask.device)
-                cache[CACHE].batch_select_indices(keep)
-                mask, step_ids, positions = mask[keep], step_ids[keep], positions[keep]
-                rows = [rows[i] for i in keep.tolist()]
-        return answers
-
-    def masked(self, logits: torch.Tensor, matchers: list) -> torch.Tensor:
-        """The logits with what each row's grammar forbids at -inf (a row without one as it is)."""
-        constrained = [i for i, matcher in enumerate(matchers) if matcher is not None and not matcher.is_terminated()]
-        if not constrained:
-            return logits
-        import xgrammar
-
-        scores = logits.clone()
-        bitmask = xgrammar.allocate_token_bitmask(len(matchers), self.model.config.vocab_size)
-        for i in constrained:
-            matchers[i].fill_next_token_bitmask(bitmask, i)
-        xgrammar.apply_token_bitmask_inplace(scores, bitmask.to(scores.device), indices=constrained)
-        return scores
+        return generations
 
 
 def sequence_logprobs(
