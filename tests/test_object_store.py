@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import boto3
 import pytest
@@ -16,14 +17,15 @@ from safetensors import safe_open
 from lake import Lake, LakeError, LakeFiles, read_table, silver
 from trainers.checkpoints import reserve_version
 
+SERVER = Path(__file__).with_name("s3_server.py")
+
 
 @pytest.fixture(scope="module")
 def s3():
-    """moto's S3 server on a free local port; the AWS_* options that point genenv at it, with a bucket `lake`."""
+    """moto's S3 server on a free local port (one request at a time: tests/s3_server.py says why); the AWS_* options
+    that point genenv at it, with a bucket `lake`."""
     port = free_port()
-    server = http_server(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port, "moto's S3 server"
-    )
+    server = http_server([sys.executable, str(SERVER), "127.0.0.1", str(port)], port, "moto's S3 server")
     endpoint = f"http://127.0.0.1:{port}"
     env = {
         "AWS_ENDPOINT_URL": endpoint,
