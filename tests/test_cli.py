@@ -1,5 +1,9 @@
 """The command line as a user runs it: ingest, lake status, and one-line errors (the main job: test_engine.py)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 from conftest import genenv_cli, genenv_inline
 from demo_events import epoch_events, publish
@@ -230,3 +234,18 @@ def test_a_log_file_gets_one_line_per_phase_where_a_terminal_gets_a_bar(monkeypa
         lines = [line for line in out.getvalue().splitlines() if line.strip()]
         said = [m.group(1) for m in (re.fullmatch(r"(\w+: [\w/]+) in \d+\.\d s", line) for line in lines) if m]
         assert said == expected and (terminal or len(lines) == len(said)), lines
+
+
+def test_the_command_bounds_onednns_kernel_cache_unless_the_user_set_it():
+    """oneDNN's primitive cache is bounded before any work (engine/cli/app.py says why); a value the user set stays."""
+    probe = (
+        "import os, sys\nfrom engine.cli.app import main\n"
+        "try:\n    main(['lake', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print('capacity', os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], file=sys.stderr)"
+    )
+    for preset, expected in ((None, "32"), ("7", "7")):
+        env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+        if preset is not None:
+            env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = preset
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+        assert f"capacity {expected}" in done.stderr, done.stderr[-2000:]

@@ -147,6 +147,33 @@ def test_the_ratio_is_taken_against_the_trainers_policy_and_the_samplers_logprob
 
 
 @pytest.mark.unit
+def test_a_checkpointed_update_takes_the_ratios_denominator_from_the_forward_pass_it_trains_with():
+    """With gradient checkpointing a model scores whole rows (no shared prompt's cache), and the micro-batches'
+    log-probabilities at the start of the update must come from that same pass: in bf16 the shared-prompt pass and
+    the whole-row pass round differently, and the first step's ratio would start away from 1."""
+    from trainers.batching import completion_logps
+    from trainers.loop import recompute_activations
+
+    agent = load_model("tiny", seed=0)
+    prompts = [render_prompt(agent.tokenizer, f"count {i}") for i in range(4)]
+    config = GRPOConfig(per_device_train_batch_size=8, filter_groups=False, gradient_checkpointing=True)
+    rows, _ = select_rollouts(rollout_rows(sample(agent, prompts, 4, seed=5), 4), 0, config)
+
+    def compute():
+        return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False)
+
+    trainer = GRPOTrainer(agent.model, agent.tokenizer, config, compute=compute)
+    batches = trainer.micro_batches(rows)
+    recompute_activations(agent.model)  # what `optimise` asks before its first step (once a model)
+    agent.model.train()
+    for mb in batches:
+        mask = mb.tokens.completion_mask.bool()
+        with compute():
+            trained = completion_logps(agent.model, mb.tokens, config.temperature).float()
+        assert torch.equal(mb.old_logps[mask], trained.detach()[mask])
+
+
+@pytest.mark.unit
 def test_dapo_normalises_each_micro_batch_by_its_steps_tokens():
     """loss_type dapo (TRL's default): a step's loss is its token sum over every completion token of the step, so
     each micro-batch carries the step's tokens per micro-batch (optimise averages the step's micro-batches)."""
@@ -296,6 +323,21 @@ def test_the_warm_starts_activation_checkpointing_changes_its_memory_not_its_wei
     assert all(torch.allclose(trained[0][k], trained[1][k], atol=1e-6) for k in trained[0])
     untrained = load_model("tiny", seed=0).model.state_dict()
     assert any(not torch.equal(trained[0][k], untrained[k]) for k in trained[0])
+
+
+@pytest.mark.unit
+def test_a_warm_start_with_frozen_embeddings_trains_every_other_weight():
+    """`freeze_embeddings` holds in the warm start too (the default's, for both roles): SFTTrainer's optimiser gets
+    every weight but the embeddings (and the output head tied to them), which stay the base model's."""
+    from trainers.sft import train_sft
+
+    agent = load_model("tiny", seed=0)
+    before = {k: v.clone() for k, v in agent.model.state_dict().items()}
+    options = RWRConfig(**{**SFT_OPTIONS, "num_train_epochs": 2, "freeze_embeddings": True})
+    train_sft(agent.model, agent.tokenizer, sft_rows(agent.tokenizer), options, CPU)
+    changed = {k for k, v in agent.model.state_dict().items() if not torch.equal(v, before[k])}
+    assert "model.embed_tokens.weight" not in changed
+    assert changed == set(before) - {"model.embed_tokens.weight", "lm_head.weight"}, set(before) - changed
 
 
 @pytest.mark.unit

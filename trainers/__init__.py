@@ -24,6 +24,7 @@ from .generation import (
     vllm_available,
 )
 from .grpo import GRPOConfig, GRPOTrainer
+from .heap import release_free_heap
 from .loop import OptimizerState
 from .losses import GRPOLossConfig, group_advantages, grpo_loss, rwr_loss, rwr_weights
 from .models import BUILTINS, CPU, LoadedModel, ModelNotFound, Precision, check_model_spec, load_model, native_bf16
@@ -73,6 +74,7 @@ __all__ = [
     "check_model_spec",
     "load_model",
     "native_bf16",
+    "release_free_heap",
     "load_published",
     "load_verified",
     "manifest",

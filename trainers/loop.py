@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .batching import completion_logps
+from .batching import checkpointed, completion_logps
 
 Progress = Callable[[int, int], None]  # (micro-batches done, total)
 FSDP_MODES = ("", "full_shard", "shard_grad_op")  # TrainingArguments' names; "": DDP
@@ -185,12 +185,7 @@ def optimise(
         train_model, optimiser = accelerator.prepare(model, optimiser)
         params = [p for p in train_model.parameters() if p.requires_grad]  # FSDP replaces them with shards
     if config.gradient_checkpointing:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name; the old one warns there
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if hasattr(model, "enable_input_require_grads"):
-            model.enable_input_require_grads()  # LoRA: the frozen embeddings' output must carry gradients through
+        recompute_activations(model)
     model.train()
     accumulate, n = config.gradient_accumulation_steps, len(micro_batches)
     total = passes * n
@@ -234,6 +229,18 @@ def optimise(
     }
 
 
+def recompute_activations(model) -> None:
+    """Gradient checkpointing: each layer's activations recomputed in the backward pass, not kept (once a model)."""
+    if checkpointed(model):
+        return
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name; the old one warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()  # LoRA: the frozen embeddings' output must carry gradients through
+
+
 class Trainer:
     """What GRPO and RWR share: the model (wrapped with LoRA when the config asks), the reference model of the KL
     term, the compute context, this rank's place among the processes, and the update itself: micro-batches built
@@ -262,6 +269,11 @@ class Trainer:
         if config.freeze_embeddings:
             model.get_input_embeddings().weight.requires_grad_(False)
         self.model = with_lora(model, config) if config.use_peft else model
+        if config.gradient_checkpointing:
+            # Before `micro_batches`: a checkpointed model scores whole rows, not a shared prompt's cache
+            # (batching.completion_logps), and the ratio's denominator must come from the forward pass the update
+            # then runs, or in bf16 the ratio starts away from 1 by the two paths' rounding.
+            recompute_activations(self.model)
         self.ref_model = ref_model
         self.compute = compute
         self.accelerator = accelerator

@@ -9,8 +9,9 @@ is not written again here: SFTTrainer owns the optimiser, the schedule, the coll
   tokenized, with a completion mask. So the model learns the exact ids it later generates after and is scored on,
   and SFTTrainer's own text handling (chat templates, EOS appending, truncation) never runs.
 - The options are the RWRConfig a warm start has always recorded in its lineage (TrainingArguments' names, so
-  they map one to one: learning rate, micro-batch size, accumulation, passes, schedule, clipping, seed), and the
-  compute dtype is the update's (autocast over fp32 master weights, as the other trainers).
+  they map one to one: learning rate, micro-batch size, accumulation, passes, schedule, clipping, seed, activation
+  checkpointing; `freeze_embeddings` leaves the embeddings out of the optimiser), and the compute dtype is the
+  update's (autocast over fp32 master weights, as the other trainers, without autocast's cache of weight copies).
 - Its optimiser is dropped with it: a warm start's objective is not the next update's (trainers/update.py
   `starting_optimizer`), and SFTTrainer writes nothing to disk (save_strategy "no", in a temporary output_dir);
   the checkpoint with its lineage is written by trainers/update.py as for every update.
@@ -26,6 +27,7 @@ import tempfile
 import polars as pl
 
 from .batching import supervised_ids
+from .heap import release_free_heap
 from .loop import Progress
 from .models import Precision
 from .rwr import RWRConfig
@@ -86,11 +88,14 @@ def completion_sft_trainer():
     SFTTrainer's own (`nll`: the summed negative log-likelihood of a step's completion tokens over their number,
     tests/test_trainers.py holds the two equal); the backbone runs once, the head only where a label is."""
     import torch
+    from accelerate.utils import AutocastKwargs
     from trl import SFTTrainer
+
+    UNCACHED = AutocastKwargs(cache_enabled=False)  # no second copy of the weights (trainers/update.py `fit`)
 
     class CompletionSFTTrainer(SFTTrainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            with self.accelerator.autocast():
+            with self.accelerator.autocast(autocast_handler=UNCACHED):
                 hidden = model.get_decoder()(
                     input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False
                 ).last_hidden_state[:, :-1]
@@ -112,19 +117,27 @@ def train_sft(
     trainers report them (mean loss, optimiser steps, the last learning rate and grad norm, rows)."""
     from transformers import PrinterCallback, TrainerCallback
 
-    class Ticks(TrainerCallback):
+    class Steps(TrainerCallback):
+        """Progress at each step; the heap a micro-batch freed given back after it (trainers/heap.py)."""
+
+        def on_substep_end(self, args, state, control, **kwargs):
+            release_free_heap()
+
         def on_step_end(self, args, state, control, **kwargs):
+            release_free_heap()
             if progress:
                 progress(state.global_step, state.max_steps)
 
     use_cache = model.config.use_cache  # SFTTrainer turns the cache off, and the checkpoint would keep it off
+    if config.freeze_embeddings:  # SFTTrainer's optimiser takes only the weights that require gradients
+        model.get_input_embeddings().weight.requires_grad_(False)
     with tempfile.TemporaryDirectory(prefix="genenv-sft-") as output_dir:
         trainer = completion_sft_trainer()(
             model=model,
             args=sft_arguments(config, precision, output_dir),
             train_dataset=completion_rows(tokenizer, rows),
             processing_class=tokenizer,
-            callbacks=[Ticks()],
+            callbacks=[Steps()],
         )
         trainer.remove_callback(PrinterCallback)  # it prints every step's log line to stdout
         result = trainer.train()

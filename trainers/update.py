@@ -356,8 +356,12 @@ def fit(
     dtype = precision.torch_dtype
     device_type = precision.torch_device.type
 
+    # autocast's cache of 16-bit weight copies off: they live until the context ends, a second copy of the weights
+    # (0.22 GB of a 135M model's update) beside what the backward keeps; casting again each forward was no slower.
     def compute():
-        return torch.autocast(device_type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
+        if dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type, dtype=dtype, cache_enabled=False)
 
     torch.manual_seed(config.seed)
     state = state if state is not None else OptimizerState()

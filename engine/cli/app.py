@@ -87,6 +87,11 @@ def main(argv: list[str] | None = None) -> None:
     # so no need to import them here, which would slow every command's start).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # oneDNN (torch's CPU matrix kernels) keeps the primitive it built for each shape it met, 1024 of them by
+    # default, and a bf16 one held about 1 MB on a CPU with AMX: a run's many sequence lengths left most of a GB of
+    # them resident (docs/RESULTS.md, e63). 32 keep what a step reuses (a warm start no slower); 0 made it 5x slower.
+    # oneDNN reads it at its first primitive, so here, before any work; workers and ranks inherit it.
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
     signal.signal(signal.SIGTERM, _on_sigterm)
     from deltalake.exceptions import DeltaError
     from kafka.errors import KafkaError

@@ -101,6 +101,8 @@ class RunConfig:
     # 1.0 made every group agree; steps of 4 rows gave 24-40 steps a run). At most 2 mixed groups an update (16
     # steps): a run with many mixed groups took 104 steps and 17:46 (e32), past the 15 minutes. The embeddings (the
     # tied output head) stay the warm start's: their gradients and moments were 0.34 GB of the run's 4.3 GB peak.
+    # Activations recomputed in the backward pass: a micro-batch's kept activations were 0.5 GB of a bf16 update's
+    # peak, for about 10% more of its time (e62 of docs/RESULTS.md).
     agent: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
             learning_rate=3e-5,
@@ -114,6 +116,7 @@ class RunConfig:
             ptx_coef=0.3,
             max_groups=2,
             freeze_embeddings=True,
+            gradient_checkpointing=True,
         )
     )
     # Steps of 8 generations in micro-batches of 2: the simulator's prompts are long (four candidates), and a
@@ -123,7 +126,9 @@ class RunConfig:
     # T = 0.5, and an update waits for 16 rows (every other epoch), so that RWR's weights spread over more than one
     # or two generations. The activations of those long prompts are recomputed in the backward pass (in both
     # models' warm start too): with them kept, the simulator's updates were the run's largest moments (4.5-5.5 GB
-    # in the process, docs/RESULTS.md "Time and memory"), for a second forward pass.
+    # in the process, docs/RESULTS.md "Time and memory"), for a second forward pass. The embeddings (the tied head)
+    # stay the base model's in these updates and in both warm starts, as in the agent's: their gradients and moments
+    # (0.34 GB) put the warm start and the simulator's update over 4 GB in bf16 (e62, e63 of docs/RESULTS.md).
     env: RWRConfig = field(
         default_factory=lambda: RWRConfig(
             learning_rate=1e-5,
@@ -133,6 +138,7 @@ class RunConfig:
             weight_temperature=0.5,
             min_rows=16,
             gradient_checkpointing=True,
+            freeze_embeddings=True,
         )
     )
 
@@ -319,6 +325,7 @@ PROFILES: dict[str, dict] = {
         "env.use_peft": True,
         # the CPU default's saving, which FSDP (configs/paper-fsdp-8gpu.toml) refuses; LoRA trains no embedding anyway
         "agent.freeze_embeddings": False,
+        "env.freeze_embeddings": False,
         "agent.gradient_checkpointing": True,
         "env.gradient_checkpointing": True,
     },

@@ -1,4 +1,5 @@
-"""The run's memory: each phase's peak resident set for metrics.json, and freed heap given back between phases.
+"""The run's memory: each phase's peak resident set for metrics.json (the freed heap given back at each phase's end is
+trainers/heap.py's `release_free_heap`).
 
 Why a sampling thread: the kernel's high-water mark (VmHWM, getrusage's ru_maxrss) is the peak since the process
 began, so a phase that reads it at its end reads the peak so far (every phase of run e38 in docs/RESULTS.md read
@@ -10,15 +11,12 @@ Where /proc is missing (not Linux), a phase's figure is the process's peak so fa
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import resource
 import threading
 
 GB = 2**30
 _PAGE = os.sysconf("SC_PAGE_SIZE")  # where `resource` imports (Unix), sysconf does too
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None)
 
 
 def peak_rss_gb() -> float:
@@ -33,17 +31,6 @@ def resident_bytes() -> int | None:
             return int(statm.read().split()[1]) * _PAGE
     except (OSError, IndexError, ValueError):
         return None
-
-
-def release_free_heap() -> None:
-    """Give the pages that a phase freed back to the OS, at the phase's end (glibc's malloc_trim; a no-op where the
-    C library has none). glibc keeps freed memory for reuse, and the next phase allocates in other sizes (a bf16
-    update's activations, then generation's caches), so what each phase left behind piled up: peak RSS rose from
-    5.3 to 7.05-7.65 GB over a default run's five epochs in bf16, and 5.74-5.95 GB with this (docs/RESULTS.md, runs
-    e21-e26). Neither torch nor Python asks for it; the async mode's worker processes do not yet."""
-    trim = getattr(_LIBC, "malloc_trim", None)
-    if trim is not None:
-        trim(0)
 
 
 class PhasePeaks:

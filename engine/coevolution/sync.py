@@ -41,13 +41,13 @@ import polars as pl
 
 from lake import Lake, RunRows
 from streams import RewardScored, RolloutCompleted, event_of
-from trainers import RWRConfig, TrainError, registry
+from trainers import RWRConfig, TrainError, registry, release_free_heap
 from trainers.update import SEED_VERSION
 
 from ..domains import Task, get_domain, multi_turn
 from .config import RunConfig, record_run_config
 from .curriculum import in_band_share
-from .memory import PhasePeaks, peak_rss_gb, release_free_heap
+from .memory import PhasePeaks, peak_rss_gb
 from .progress import Phase, Say, no_phase
 from .roles import GeneratedTask, Rollouts, Scorer, Simulator, Updater, Validation, generated_task, run_version
 from .stats import interval, paired_gain
