@@ -336,7 +336,6 @@ def test_a_warm_start_with_frozen_embeddings_trains_every_other_weight():
     options = RWRConfig(**{**SFT_OPTIONS, "num_train_epochs": 2, "freeze_embeddings": True})
     train_sft(agent.model, agent.tokenizer, sft_rows(agent.tokenizer), options, CPU)
     changed = {k for k, v in agent.model.state_dict().items() if not torch.equal(v, before[k])}
-    assert "model.embed_tokens.weight" not in changed
     assert changed == set(before) - {"model.embed_tokens.weight", "lm_head.weight"}, set(before) - changed
 
 
