@@ -327,8 +327,8 @@ def test_the_warm_starts_activation_checkpointing_changes_its_memory_not_its_wei
 
 @pytest.mark.unit
 def test_a_warm_start_with_frozen_embeddings_trains_every_other_weight():
-    """`freeze_embeddings` holds in the warm start too (the default's, for both roles): SFTTrainer's optimiser gets
-    every weight but the embeddings (and the output head tied to them), which stay the base model's."""
+    """`freeze_embeddings` holds in a warm start given it: SFTTrainer's optimiser gets every weight but the embeddings
+    (and the output head tied to them), which stay the base model's."""
     from trainers.sft import train_sft
 
     agent = load_model("tiny", seed=0)

@@ -127,8 +127,9 @@ class RunConfig:
     # or two generations. The activations of those long prompts are recomputed in the backward pass (in both
     # models' warm start too): with them kept, the simulator's updates were the run's largest moments (4.5-5.5 GB
     # in the process, docs/RESULTS.md "Time and memory"), for a second forward pass. The embeddings (the tied head)
-    # stay the base model's in these updates and in both warm starts, as in the agent's: their gradients and moments
-    # (0.34 GB) put the warm start and the simulator's update over 4 GB in bf16 (e62, e63 of docs/RESULTS.md).
+    # stay as the warm start left them in these updates, as in the agent's: their gradients and moments (0.34 GB) put
+    # the simulator's update over 4 GB in bf16 (4.38 GB in e62 of docs/RESULTS.md). The warm starts still train them
+    # (`CoEvolution.warm_start` builds their options and does not pass this one).
     env: RWRConfig = field(
         default_factory=lambda: RWRConfig(
             learning_rate=1e-5,
