@@ -407,6 +407,28 @@ def test_toolcall_seeds_can_come_from_api_bank():
 
 
 @pytest.mark.unit
+def test_the_toolcall_warm_start_picks_each_letter_equally_often_in_a_seeded_order():
+    """A warm start that picked at random taught the simulator the letter its draw held most (seed 2's 24 seeds
+    held (a) 10 times); every run's seeds now hold each letter n / 4 times, in an order the seed decides, and each
+    seed's text names the candidate its task is."""
+    from collections import Counter
+
+    toolcall = get_domain("toolcall")
+    orders = []
+    for seed in range(5):
+        seeds = toolcall.seeds(random.Random(seed + 7919), 24)
+        letters = [text[:3] for _request, text, _task in seeds]
+        assert Counter(letters) == {"(a)": 6, "(b)": 6, "(c)": 6, "(d)": 6}, (seed, Counter(letters))
+        for request, text, task in seeds:
+            assert toolcall.parse(text, request.context).reference == task.reference
+        orders.append(letters)
+    assert len({tuple(o) for o in orders}) == 5
+    assert [t for _, t, _ in toolcall.seeds(random.Random(3), 24)] == [
+        t for _, t, _ in toolcall.seeds(random.Random(3), 24)
+    ]
+
+
+@pytest.mark.unit
 def test_toolcall_levels_climb_a_ladder_and_the_candidates_span_it():
     """Each level adds what makes a call harder (parallel calls, distractors from API-Bank's catalogue, values
     said in words), the simulator is offered one candidate from each quarter of the range, and a request that

@@ -102,7 +102,11 @@ class RunConfig:
     # steps): a run with many mixed groups took 104 steps and 17:46 (e32), past the 15 minutes. The embeddings (the
     # tied output head) stay the warm start's: their gradients and moments were 0.34 GB of the run's 4.3 GB peak.
     # Activations recomputed in the backward pass: a micro-batch's kept activations were 0.5 GB of a bf16 update's
-    # peak, for about 10% more of its time (e62 of docs/RESULTS.md).
+    # peak, for about 10% more of its time (e62 of docs/RESULTS.md). Advantages are the reward minus the group's
+    # mean, not divided by its std (Dr. GRPO's choice, TRL's scale_rewards "none"): divided, the one wrong answer of
+    # a group that is 7 times in 8 right weighs -2.47, and those pushes took the agent off the easiest level; this
+    # gained more than with the std at each of seeds 0-4 (e70-e74 against e64-e66, e75 and e76 of
+    # docs/RESULTS.md).
     agent: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
             learning_rate=3e-5,
@@ -115,6 +119,7 @@ class RunConfig:
             epsilon_high=0.28,
             ptx_coef=0.3,
             max_groups=2,
+            scale_rewards="none",
             freeze_embeddings=True,
             gradient_checkpointing=True,
         )
