@@ -510,10 +510,10 @@ class ToolCall:
                 )
                 out.append((SimulatorRequest(prompt, {"candidates": [spec]}), f"{letter(0)} {text}", task))
             return out
-        # Each letter as often as the others, in a seeded order. Seeds that picked at random left the simulator
-        # leaning to whichever letter its draw held most: seed 2's 24 held (a) 10 times, and that run's simulator
-        # then chose levels 0-1 in 7 to 9 of 10 requests an epoch, the agent trained on tasks it already solved,
-        # and its validation fell (docs/RESULTS.md, e66 against e79).
+        # Each letter as often as the others (the first n % 4 letters once more), in a seeded order. Seeds that
+        # picked at random left the simulator leaning to whichever letter its draw held most: seed 2's 24 held (a)
+        # 10 times, and that run's simulator then chose levels 0-1 in 7 to 9 of 10 requests an epoch, the agent
+        # trained on tasks it already solved, and its validation fell (docs/RESULTS.md, e66 against e79).
         choices = [i % CHOICES for i in range(n)]
         rng.shuffle(choices)
         out = []
