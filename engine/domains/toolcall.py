@@ -514,10 +514,10 @@ class ToolCall:
         # picked at random left the simulator leaning to whichever letter its draw held most: seed 2's 24 held (a)
         # 10 times, and that run's simulator then chose levels 0-1 in 7 to 9 of 10 requests an epoch, the agent
         # trained on tasks it already solved, and its validation fell (docs/RESULTS.md, e66 against e79).
-        choices = [i % CHOICES for i in range(n)]
-        rng.shuffle(choices)
+        picks = [i % CHOICES for i in range(n)]
+        rng.shuffle(picks)
         out = []
-        for chosen in choices:
+        for chosen in picks:
             request = self.simulator_request(
                 rng, example_summary(rng, self.difficulty_feature, list(range(len(LEVELS))))
             )
