@@ -10,6 +10,7 @@ import random
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import polars as pl
@@ -411,17 +412,18 @@ def test_the_toolcall_warm_start_picks_each_letter_equally_often_in_a_seeded_ord
     """A warm start that picked at random taught the simulator the letter its draw held most (seed 2's 24 seeds
     held (a) 10 times); every run's seeds now hold each letter n / 4 times, in an order the seed decides, and each
     seed is a valid task whose letter names the candidate it is."""
-    from collections import Counter
+    from engine.domains.toolcall import CHOICES, letter
 
     toolcall = get_domain("toolcall")
+    names = [letter(i) for i in range(CHOICES)]  # the form the simulator's menu names its candidates in
     orders = []
     for seed in range(5):
         seeds = toolcall.seeds(random.Random(seed + 7919), 24)
         letters = [text[:3] for _request, text, _task in seeds]
-        assert Counter(letters) == {"(a)": 6, "(b)": 6, "(c)": 6, "(d)": 6}, (seed, Counter(letters))
+        assert Counter(letters) == dict.fromkeys(names, 6), (seed, Counter(letters))
         for request, text, task in seeds:  # the letter names the candidate whose calls the task's reference is
             assert isinstance(task, Task), (text, task)
-            assert request.context["candidates"]["abcd".index(text[1])]["calls"] == task.reference
+            assert request.context["candidates"][names.index(text[:3])]["calls"] == task.reference
         orders.append(letters)
     assert len({tuple(o) for o in orders}) == 5
     assert [t for _, t, _ in toolcall.seeds(random.Random(3), 24)] == [
