@@ -241,6 +241,8 @@ def test_config_layers_and_one_line_errors(tmp_path):
         (["nope=1"], "no such option"),
         (["agent.nope=1"], "no such option"),
         (["group_size=1"], "group_size"),
+        (["simulator_explore=1.5"], "simulator_explore must be in"),
+        (["domain=arith", "simulator_explore=0.3"], "simulator_explore needs a domain"),
     ]:
         with pytest.raises(ValueError, match=message):
             load_config("quick", None, sets)
@@ -471,6 +473,36 @@ def test_toolcall_levels_climb_a_ladder_and_the_candidates_span_it():
     top = request.context["candidates"][-1]
     text = "(d) Please: " + " ".join(spoken(v) for c in top["calls"] for v in c["arguments"].values())
     assert toolcall.parse(text, request.context).difficulty["level"] == top["level"]
+
+
+@pytest.mark.unit
+def test_an_explored_request_admits_only_the_drawn_choice_and_offers_only_its_level():
+    """simulator_explore: in genenv mode that share of the simulator's requests has its choice drawn by the run, the
+    grammar admitting that candidate's letter alone and the request offering its level alone (so the selection bias
+    counts it as no choice); the candidates are the ones the same requests would offer without it. The untrained
+    simulator of genenv-random is never steered: its choices are the baseline's."""
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    from engine.coevolution.roles import Simulator
+    from engine.domains.toolcall import letter, template_text
+
+    domain = get_domain("toolcall")
+    free, fixed = (domain.simulator_request(random.Random(5), "none", choice=c) for c in (None, 2))
+    assert fixed.context == free.context and fixed.prompt == free.prompt
+    candidates = fixed.context["candidates"]
+    assert fixed.offered == [candidates[2]["level"]] and len(free.offered) == 4
+    texts = [f"{letter(i)} {template_text(random.Random(1), spec)}" for i, spec in enumerate(candidates)]
+    assert [accepts(fixed.grammar, t) for t in texts] == [False, False, True, False]
+    assert all(accepts(free.grammar, t) for t in texts)
+
+    def offered(mode: str, share: float) -> list[int]:
+        config = load_config("quick", None, [f"mode={mode}", f"simulator_explore={share}", "domain=toolcall"])
+        simulator = Simulator(config, domain, "r")
+        return [len(simulator.request("none", 0, 0, 0, i).offered) for i in range(200)]
+
+    assert offered("genenv", 1.0) == [1] * 200 and offered("genenv", 0.0) == [4] * 200
+    assert 70 <= offered("genenv", 0.5).count(1) <= 130
+    assert offered("genenv-random", 1.0) == [4] * 200
 
 
 @pytest.mark.unit

@@ -54,6 +54,11 @@ class RunConfig:
     agent_max_new_tokens: int = 72  # toolcall's hardest level: three calls, up to ~63 tokens
     env_max_new_tokens: int = 64  # a request that states every value of three calls
     generation_batch_size: int = 32
+    # The share of a trained simulator's requests (genenv mode) whose choice is drawn uniformly instead of left to
+    # the simulator (the domain's grammar admits only the drawn one): RWR is a weighted likelihood of the simulator's
+    # own samples, so a choice it stops writing gets no weight again, and after one update it wrote one letter 10
+    # times in 10 and stayed there when the band moved (docs/RESULTS.md). Domains that offer a choice (toolcall).
+    simulator_explore: float = 0.0
     max_generation_attempts: int = 4  # rounds of simulator generation to reach tasks_per_epoch valid tasks
     # Dynamic sampling (DAPO; verl's filter_groups): up to this many rounds of new tasks an epoch in place of groups
     # whose rollouts all agree (no GRPO advantage), until tasks_per_epoch groups are mixed. 0: none. A round costs
@@ -191,6 +196,10 @@ class RunConfig:
             raise ValueError(f"final_bfcl_items must be >= 0, got {self.final_bfcl_items}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 <= self.simulator_explore <= 1:
+            raise ValueError(f"simulator_explore must be in [0, 1], got {self.simulator_explore}")
+        if self.simulator_explore and not getattr(get_domain(self.domain, self.seeds_path), "choices", 0):
+            raise ValueError(f"simulator_explore needs a domain whose simulator picks a choice; {self.domain} has none")
         if self.reassign_after_s <= 0:
             raise ValueError(f"reassign_after_s must be > 0 (seconds), got {self.reassign_after_s}")
         if self.backend not in ("transformers", "vllm", "vllm-server"):

@@ -35,7 +35,17 @@ from trainers import (
 )
 from trainers.update import SEED_VERSION
 
-from ..domains import Domain, Invalid, Task, Verdict, multi_turn, performance_summary, task_from_row, task_to_json
+from ..domains import (
+    Domain,
+    Invalid,
+    SimulatorRequest,
+    Task,
+    Verdict,
+    multi_turn,
+    performance_summary,
+    task_from_row,
+    task_to_json,
+)
 from .config import RunConfig
 from .curriculum import score_groups
 from .progress import Tick
@@ -322,7 +332,7 @@ class Simulator(ModelRole):
             wanted = n_valid - valid
             if wanted <= 0:
                 break
-            requests = [self.domain.simulator_request(self.rng, summary) for _ in range(wanted)]
+            requests = [self.request(summary, epoch, round_, attempt, i) for i in range(wanted)]
             prompts = [self.prompt(r.prompt) for r in requests]
             description = f"epoch {epoch}: simulator writes {wanted} tasks (attempt {attempt + 1})"
             key = (epoch, attempt) if round_ == 0 else (epoch, "refill", round_, attempt)
@@ -356,6 +366,15 @@ class Simulator(ModelRole):
                     )
                 )
         return tasks
+
+    def request(self, summary: str, *key) -> SimulatorRequest:
+        """The domain's next request; in genenv mode, `simulator_explore` of them with the choice drawn uniformly
+        (by a draw of its own, so the requests are the same whatever the share) and fixed by the grammar."""
+        explore = self.config.simulator_explore if self.config.mode == "genenv" else 0.0
+        draw = random.Random(sample_seed(self.config.seed, "explore", *key))
+        if explore and draw.random() < explore:
+            return self.domain.simulator_request(self.rng, summary, choice=draw.randrange(self.domain.choices))
+        return self.domain.simulator_request(self.rng, summary)
 
     def refill(
         self,

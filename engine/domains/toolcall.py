@@ -332,7 +332,7 @@ def template_text(rng: random.Random, spec: dict) -> str:
 MAX_REQUEST = 500  # characters: more than the longest request the grammar allows (three calls, seven values)
 
 
-def request_grammar(candidates: list[dict]) -> str:
+def request_grammar(candidates: list[dict], only: int | None = None) -> str:
     """The form every valid request has: one candidate's calls, in its order, each said with one of its function's
     REQUEST_TEMPLATES, each value as the call has it or in its spoken form, and the values no chosen template
     carries in a closing parenthesis ("What is the weather in Porto (unit fahrenheit)."), as `template_text`
@@ -350,7 +350,9 @@ def request_grammar(candidates: list[dict]) -> str:
     Why the letter first: without it the choice was spread over the template's and the values' tokens, which differ
     from request to request, and RWR's weights on a few rows an epoch did not move it (docs/RESULTS.md, the
     ablation at level granularity: after an update that weighed the in-band choices 100x, the simulator still
-    chose level 3 or below 9 times in 10)."""
+    chose level 3 or below 9 times in 10).
+
+    only: the one candidate the grammar admits (the run's exploration, `RunConfig.simulator_explore`); None: any."""
 
     def value(v) -> str:
         return "(" + " | ".join(json.dumps(form) for form in sorted({str(v), spoken(v)})) + ")"
@@ -383,7 +385,8 @@ def request_grammar(candidates: list[dict]) -> str:
                 form += f' " (" {inside} ")."'
             forms.append(form)
         rules.append(f'candidate{i} ::= "{letter(i)} " (' + " | ".join(f"({form})" for form in forms) + ")")
-    return "\n".join([f"root ::= {' | '.join(f'candidate{i}' for i in range(len(candidates)))}", *rules])
+    chosen = range(len(candidates)) if only is None else [only]
+    return "\n".join([f"root ::= {' | '.join(f'candidate{i}' for i in chosen)}", *rules])
 
 
 class ToolCall:
@@ -391,6 +394,7 @@ class ToolCall:
     the built-in templates."""
 
     name = "toolcall"
+    choices = CHOICES  # candidates a simulator request offers (`simulator_request`'s `choice` fixes one)
     agent_system = "You call tools. Reply with the function call only, for example get_time(city='Rome')."
     difficulty_feature = "level"
 
@@ -417,9 +421,13 @@ class ToolCall:
         )
         return {"level": level, "calls": calls, "offered": offered, "spoken": said}
 
-    def simulator_request(self, rng: random.Random, performance: str, choices: int = CHOICES) -> SimulatorRequest:
+    def simulator_request(
+        self, rng: random.Random, performance: str, choices: int = CHOICES, choice: int | None = None
+    ) -> SimulatorRequest:
         """The simulator picks one of `choices` calls of different levels and writes the request for it:
-        which one it picks is how it sets the difficulty (and what RWR shapes)."""
+        which one it picks is how it sets the difficulty (and what RWR shapes). choice: the candidate the grammar
+        admits, drawn by the run instead of the simulator (exploration); the prompt is the same, and the request
+        records only that candidate's level as offered, since the simulator had no other."""
         cities = rng.sample(CITIES, len(CITIES))  # distinct cities across the candidates, so the text tells them apart
         bands = BANDS if choices == len(BANDS) else [(i, i) for i in sorted(rng.sample(range(len(LEVELS)), choices))]
         levels = [rng.randint(low, high) for low, high in bands]
@@ -430,7 +438,10 @@ class ToolCall:
             f"Assistant's results: {performance}."
         )
         return SimulatorRequest(
-            prompt, {"candidates": candidates}, offered=list(levels), grammar=request_grammar(candidates)
+            prompt,
+            {"candidates": candidates},
+            offered=list(levels) if choice is None else [levels[choice]],
+            grammar=request_grammar(candidates, choice),
         )
 
     def parse(self, generation: str, context: dict) -> Task | Invalid:
