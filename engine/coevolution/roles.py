@@ -371,9 +371,10 @@ class Simulator(ModelRole):
         """The domain's next request; in genenv mode, `simulator_explore` of them with the choice drawn uniformly
         (by a draw of its own, so the requests are the same whatever the share) and fixed by the grammar."""
         explore = self.config.simulator_explore if self.config.mode == "genenv" else 0.0
-        draw = random.Random(sample_seed(self.config.seed, "explore", *key))
-        if explore and draw.random() < explore:
-            return self.domain.simulator_request(self.rng, summary, choice=draw.randrange(self.domain.choices))
+        if explore:
+            draw = random.Random(sample_seed(self.config.seed, "explore", *key))
+            if draw.random() < explore:
+                return self.domain.simulator_request(self.rng, summary, choice=draw.randrange(self.domain.choices))
         return self.domain.simulator_request(self.rng, summary)
 
     def refill(

@@ -50,6 +50,9 @@ class Domain(Protocol):
     name: str
     agent_system: str  # the agent's system prompt
 
+    # A domain whose request offers a choice of candidates (toolcall) also has `choices` (how many) and takes
+    # simulator_request(..., choice=i), whose grammar admits candidate i alone: the run's exploration,
+    # RunConfig.simulator_explore, which is refused at config time for a domain without them.
     def simulator_request(self, rng: random.Random, performance: str) -> SimulatorRequest: ...
 
     def parse(self, generation: str, context: dict) -> Task | Invalid: ...
