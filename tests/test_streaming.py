@@ -40,6 +40,7 @@ class Background:
     are in it, and a run that blocks looks like one that is slow."""
 
     def __init__(self, tmp_path: Path, *args: str):
+        tmp_path.mkdir(parents=True, exist_ok=True)
         self.out_path, self.err_path = tmp_path / "run.out", tmp_path / "run.err"
         with self.out_path.open("w") as out, self.err_path.open("w") as err:
             self.process = subprocess.Popen(
@@ -51,21 +52,34 @@ class Background:
         return self.out_path.read_text(), self.err_path.read_text()
 
     def finish(self, timeout: float) -> tuple[str, str]:
-        self.process.wait(timeout=timeout)
+        """Its output once it has exited. One still going after `timeout` seconds fails the test with every
+        process's stacks (`genenv` prints them on SIGUSR1) and its output, then is killed with its workers."""
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            tree = [self.process.pid] + [p.pid for p in psutil.Process(self.process.pid).children(recursive=True)]
+            for pid in tree:
+                with contextlib.suppress(psutil.Error, ProcessLookupError):
+                    if "python" in psutil.Process(pid).name():  # the broker would die of it, saying nothing
+                        os.kill(pid, signal.SIGUSR1)
+            time.sleep(3)
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            out, err = self.output()
+            pytest.fail(
+                f"`genenv {' '.join(self.process.args[3:])}` still going after {timeout:.0f} s\n{out[-3000:]}"
+                f"\n{err[-20000:]}"
+            )
         return self.output()
 
 
-def resume(root: Path, run_id: str, *flags: str) -> subprocess.CompletedProcess:
-    """`genenv run [FLAGS] --resume RUN_ID --lake ROOT` as a user runs it; it must succeed."""
-    resumed = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "run", *flags, "--resume", run_id, "--lake", str(root)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    return resumed
+def resume(tmp_path: Path, root: Path, run_id: str, *flags: str) -> str:
+    """`genenv run [FLAGS] --resume RUN_ID --lake ROOT` as a user runs it; it must succeed. Its stdout."""
+    resumed = Background(tmp_path / "resume", "run", *flags, "--resume", run_id, "--lake", str(root))
+    out, err = resumed.finish(timeout=420)
+    assert resumed.process.returncode == 0, out[-3000:] + err[-3000:]
+    return out
 
 
 def of_run(frame: pl.DataFrame) -> pl.DataFrame:
@@ -254,7 +268,7 @@ def test_workers_share_the_work_killed_ones_restart_and_a_run_whose_broker_dies_
         assert brokers, "the run should have an embedded broker"
         for broker_process in brokers:
             broker_process.kill()
-        out, err = background.finish(timeout=600)
+        out, err = background.finish(timeout=300)  # with the resume's 420, inside the test's 900 s: a hang shows
     finally:
         if run.poll() is None:
             run.kill()
@@ -264,8 +278,8 @@ def test_workers_share_the_work_killed_ones_restart_and_a_run_whose_broker_dies_
     assert not [text for text in err.splitlines() if " kafka" in text and "ERROR" in text], err[-2000:]
     run_id = line[0].split("--resume ")[1].split()[0]
 
-    resumed = resume(root, run_id, "--async")
-    assert f"resuming run {run_id}" in resumed.stdout
+    resumed = resume(tmp_path, root, run_id, "--async")
+    assert f"resuming run {run_id}" in resumed
     lake = Lake(root, create=False)
     assert_whole(lake, group_size=4)
     rollouts = of_run(read_table(lake, silver("rollout")))
@@ -451,8 +465,8 @@ def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
         run.wait()
     (config,) = (root / "runs").glob("*.toml")
     run_id = config.stem
-    resumed = resume(root, run_id)
-    assert f"resuming run {run_id} after epoch" in resumed.stdout
+    resumed = resume(tmp_path, root, run_id)
+    assert f"resuming run {run_id} after epoch" in resumed
     lake = Lake(root, create=False)
     assert_whole(lake, group_size=4)
     assert set(of_run(read_table(lake, silver("task")))["epoch"]) == {0, 1, 2}

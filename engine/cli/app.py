@@ -9,6 +9,7 @@ traceback. GENENV_DEBUG=1 shows the traceback of all of them.
 from __future__ import annotations
 
 import errno
+import faulthandler
 import logging
 import os
 import re
@@ -93,6 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     # oneDNN reads it at its first primitive, so here, before any work; workers and ranks inherit it.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
     signal.signal(signal.SIGTERM, _on_sigterm)
+    # `kill -USR1 PID` prints every thread's stack to stderr and the process goes on: how one finds where a run
+    # (or one of its workers) that seems stuck is waiting. The process's own stderr (a test's redirect has no fd).
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     from deltalake.exceptions import DeltaError
     from kafka.errors import KafkaError
     from typer.exceptions import Abort, TyperException
