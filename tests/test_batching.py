@@ -1,5 +1,6 @@
-"""The shared-prefix forward (trainers/batching.py): each distinct prompt encoded once, its keys and values shared
-by the group's completions. It must give the packed forward's per-token log-probabilities and gradients."""
+"""The shared-prefix forward (trainers/batching.py): each distinct prompt encoded once, followed by its group's
+completions under a mask by which each sees its prompt and itself. It must give the packed forward's per-token
+log-probabilities and gradients, with activations kept or recomputed, and the same bits every time."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from trainers import load_model
-from trainers.batching import SharedPrefixBatch, completion_logps, pack, pack_shared
+from trainers.batching import SharedPrefixBatch, checkpointed, completion_logps, pack, pack_shared
+from trainers.loop import recompute_activations
 
 pytestmark = pytest.mark.integration
 
@@ -61,16 +63,23 @@ def test_shared_prefix_and_packed_forward_give_equal_logprobs_and_gradients(mode
         assert (packed - shared_grads[name]).abs().max().item() <= 1e-5 * packed.abs().max().item(), name
 
 
-def test_a_gradient_checkpointed_model_takes_the_packed_forward():
+def test_a_gradient_checkpointed_model_takes_the_shared_prefix_forward_too():
+    """Activations recomputed in the backward pass (the default agent's and simulator's updates): the same
+    log-probabilities and gradients as the packed forward of the same rows."""
     loaded = load_model("tiny")
+    loaded.model.double()
     prompts, completions = groups(200, 2, 4)
-    shared = pack_shared(prompts, completions, loaded.tokenizer.pad_token_id)
-    expected, _ = logps_and_grads(loaded.model, shared)
-    loaded.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    pad = loaded.tokenizer.pad_token_id
+    expected, expected_grads = logps_and_grads(loaded.model, pack(prompts, completions, pad))
+    recompute_activations(loaded.model)  # as the trainers turn it on
     loaded.model.train(True)  # gradient checkpointing acts in training mode only; tiny has no dropout
+    shared = pack_shared(prompts, completions, pad)
     logps, grads = logps_and_grads(loaded.model, shared)
     real = shared.completion_mask.bool()
-    assert torch.allclose(logps[real], expected[real], atol=1e-5) and grads
+    assert checkpointed(loaded.model)
+    assert torch.allclose(logps[real], expected[real], atol=1e-6) and grads.keys() == expected_grads.keys()
+    for name, packed in expected_grads.items():
+        assert torch.allclose(grads[name], packed, atol=1e-6 * packed.abs().max().item()), name
 
 
 def test_packed_rows_of_a_shared_batch_are_the_packed_batch():
@@ -83,22 +92,36 @@ def test_packed_rows_of_a_shared_batch_are_the_packed_batch():
 
 def test_the_shared_prefix_backward_gives_the_same_bits_every_time():
     """Replay retrains a checkpoint bit for bit, so the gradient that reaches a shared prompt must not depend on
-    the order in which threads add the rows' parts; at this size indexing's backward (index_add) does, on the CPU."""
-    from transformers import DynamicCache
+    the order in which threads add the rows' parts; at this size indexing's backward (index_add) does, on the CPU.
+    The rows' first logits, which a group shares, are picked as a product instead (`pick_rows`)."""
+    from trainers.batching import pick_rows
 
-    from trainers.batching import select_rows
-
-    keys = torch.randn(2, 3, 400, 64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    logits = torch.randn(2, 1, 49152, generator=torch.Generator().manual_seed(0), requires_grad=True)
     rows = torch.tensor([0] * 8 + [1] * 8)
-    upstream = torch.randn(16, 3, 400, 64, generator=torch.Generator().manual_seed(1))
+    upstream = torch.randn(16, 1, 49152, generator=torch.Generator().manual_seed(1))
     grads = []
     for _ in range(6):
-        keys.grad = None
-        cache = DynamicCache()
-        cache.update(keys, keys * 2, 0)
-        select_rows(cache, rows, 2)
-        layer = cache.layers[0]
-        assert torch.equal(layer.keys, keys[rows]) and torch.equal(layer.values, (keys * 2)[rows])  # exact forward
-        ((layer.keys + layer.values) * upstream).sum().backward()
-        grads.append(keys.grad.clone())
+        logits.grad = None
+        picked = pick_rows(logits, rows, 2)
+        assert torch.equal(picked, logits[rows])  # exact forward
+        (picked * upstream).sum().backward()
+        grads.append(logits.grad.clone())
     assert all(torch.equal(grads[0], g) for g in grads[1:])
+
+
+def test_each_completion_sees_its_prompt_and_itself_only():
+    from trainers.batching import prefix_tree
+
+    shared = pack_shared([[5, 6, 7], [5, 6, 7], [8, 9]], [[1, 2], [3], [4, 4, 4]], pad_id=0)
+    tree = prefix_tree(shared)
+    P, C = 3, 3
+    assert tree.input_ids.tolist() == [[5, 6, 7, 1, 2, 0, 3, 0, 0], [0, 8, 9, 4, 4, 4, 0, 0, 0]]
+    assert tree.position_ids[0, P:].tolist() == [3, 4, 5, 3, 4, 5] and tree.position_ids[1, P : P + C].tolist() == [
+        2,
+        3,
+        4,
+    ]
+    sees = tree.attention[0, 0]
+    assert sees[4].tolist() == [True] * 5 + [False] * 4  # the first row's second token: its prompt and its slot
+    assert sees[6].tolist() == [True] * 3 + [False] * 3 + [True] + [False] * 2  # the second row's: not the first's
+    assert tree.attention[1, 0, :, 0].tolist() == [True] + [False] * 8  # the second prompt's pad: by itself alone

@@ -10,15 +10,14 @@ Position ids follow the attention mask, as they do during batched generation, so
 recomputed log-probabilities equal the ones recorded at rollout time.
 
 A GRPO group is G completions of one prompt. `pack_shared` keeps each distinct prompt once
-and `completion_logps` then runs the shared-prefix forward of Prefix Grouper (arXiv
-2506.05433): the prompts are encoded once, their keys and values are indexed out to the rows
-that share them, and the completions attend to them. The indexing is differentiable, so
-gradients flow through the shared prefix exactly as through G copies of it: the same
-log-probabilities and gradients as the packed forward (to float rounding; tests/test_trainers.py),
-with the prompt's tokens computed once per group instead of G times. transformers has the
-pieces (a forward that returns its key/value cache, and one that continues from a cache) but
-not this use of them for training, hence this module. A model that recomputes activations in
-the backward pass (gradient checkpointing) returns no cache; its rows are packed instead.
+and `completion_logps` then runs a shared-prefix forward (Prefix Grouper, arXiv 2506.05433, in the layout of
+tree attention): one sequence per prompt, the prompt followed by its rows' completions side by side, under a
+4D attention mask by which each completion sees its prompt and itself (`PrefixTree`). The prompt's tokens are
+computed once per group instead of G times, and gradients reach them from every row: the same
+log-probabilities and gradients as the packed forward (to float rounding; tests/test_batching.py). It is one
+plain forward, so it runs with activations recomputed in the backward pass (gradient checkpointing) as well.
+transformers passes a 4D mask to the attention as it is but has no layout that uses one for training, hence
+this module.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .generation import CACHE, prompt_token_ids
+from .generation import prompt_token_ids
 
 
 @dataclass
@@ -113,8 +112,6 @@ def completion_logps(model, batch: TokenBatch | SharedPrefixBatch, temperature: 
     """log pi(c_t | prompt, c_<t) for every completion token, (batch, C); padding positions hold junk (mask them).
     A SharedPrefixBatch runs the shared-prefix forward (see the module's docstring)."""
     if isinstance(batch, SharedPrefixBatch):
-        if checkpointed(model):
-            return completion_logps(model, batch.packed(), temperature)
         return shared_prefix_logps(model, batch, temperature)
     C = batch.completion_width
     device = next(model.parameters()).device
@@ -140,54 +137,91 @@ def checkpointed(model) -> bool:
     return bool(getattr(model, name, False))
 
 
-def select_rows(cache, rows: torch.Tensor, prompts: int) -> None:
-    """Each row's prompt keys and values in the cache (what `cache.batch_select_indices(rows)` does), as a product
-    with a one-hot matrix. Indexing's backward adds the rows' gradients into their shared prompt with index_add,
-    whose order of additions on the CPU changes from run to run once the tensors are large (a 135M model's are):
-    the weights would then differ in the last bit between a run and its replay. A matrix product's reduction
-    does not change, and multiplying by one and adding zeros leaves the forward exact."""
-    layers = getattr(cache, "layers", None)
-    if layers is None:  # older transformers: lists of tensors per layer, indexed as before
-        cache.batch_select_indices(rows)
-        return
-    for layer in layers:
-        layer.keys, layer.values = pick_rows(layer.keys, rows, prompts), pick_rows(layer.values, rows, prompts)
+@dataclass
+class PrefixTree:
+    """A SharedPrefixBatch laid out for one forward: a sequence per distinct prompt, its rows' completions after it
+    side by side, in slots of C columns.
+
+        [pad p p p | c1 c1 c1 pad | c2 c2 pad pad]     slot of row 1, slot of row 2
+
+    Each completion attends to its prompt and to itself, never to its neighbours (`attention`), and continues its
+    prompt's positions, so each of its tokens sees what it saw in the packed layout."""
+
+    input_ids: torch.Tensor  # (prompts, P + K * C)
+    position_ids: torch.Tensor  # (prompts, P + K * C)
+    attention: torch.Tensor  # (prompts, 1, L, L), True where a query (row) may attend to a key (column)
+    slot_of_row: torch.Tensor  # (batch,): which of its prompt's slots holds the row's completion
+    prompt_width: int  # P
+
+
+def prefix_tree(batch: SharedPrefixBatch) -> PrefixTree:
+    prompts, P = batch.prompt_ids.shape
+    C, rows = batch.completion_width, batch.prompt_of_row
+    taken: dict[int, int] = {}
+    slots = []
+    for prompt in rows.tolist():  # the rows of a prompt fill its slots in their order
+        slots.append(taken.get(prompt, 0))
+        taken[prompt] = slots[-1] + 1
+    slot_of_row, K = torch.tensor(slots), max(taken.values())
+    L = P + K * C
+    input_ids = torch.full((prompts, L), batch.pad_id, dtype=batch.prompt_ids.dtype)
+    real = torch.zeros((prompts, L), dtype=torch.bool)  # the keys that are tokens, not padding
+    input_ids[:, :P], real[:, :P] = batch.prompt_ids, batch.prompt_mask.bool()
+    completion = torch.where(batch.completion_mask.bool(), batch.completion_ids, batch.pad_id)
+    columns = P + slot_of_row.unsqueeze(1) * C + torch.arange(C)  # (batch, C): where each row's tokens go
+    input_ids[rows.unsqueeze(1), columns] = completion.to(input_ids.dtype)
+    real[rows.unsqueeze(1), columns] = batch.completion_mask.bool()
+    position_ids = torch.zeros((prompts, L), dtype=torch.long)
+    position_ids[:, :P] = (batch.prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    position_ids[:, P:] = batch.prompt_mask.sum(-1, keepdim=True) + torch.arange(C).repeat(K)
+    segment = torch.cat([torch.full((P,), -1), torch.arange(K).repeat_interleave(C)])  # -1: the prompt
+    index = torch.arange(L)
+    sees = (index.unsqueeze(0) <= index.unsqueeze(1)) & (
+        (segment.unsqueeze(0) == -1) | (segment.unsqueeze(0) == segment.unsqueeze(1))
+    )  # (query, key): earlier or itself, in the prompt or in the query's own slot
+    # Every query sees itself, padding too: a softmax over no key would be NaN, and NaN times a zero gradient is NaN.
+    attention = (sees.unsqueeze(0) & real.unsqueeze(1)) | torch.eye(L, dtype=torch.bool)
+    return PrefixTree(input_ids, position_ids, attention.unsqueeze(1), slot_of_row, P)
+
+
+def shared_prefix_logps(model, batch: SharedPrefixBatch, temperature: float = 1.0) -> torch.Tensor:
+    """completion_logps with each distinct prompt encoded once (the shared-prefix forward): one forward of the
+    PrefixTree layout, under a 4D mask transformers passes to the attention as it is. A plain forward, so it
+    also runs with activations recomputed in the backward pass (gradient checkpointing), which a forward that
+    continues from a key/value cache cannot: transformers turns the cache off there."""
+    device = next(model.parameters()).device
+    tree = prefix_tree(batch)
+    attention = tree.attention.to(device)
+    if getattr(getattr(model, "config", None), "_attn_implementation", "sdpa") == "eager":
+        # eager attention adds the mask to the scores: it takes 0 where allowed and the dtype's minimum elsewhere
+        dtype = next(model.parameters()).dtype
+        attention = torch.zeros(attention.shape, dtype=dtype, device=device).masked_fill(
+            ~attention, torch.finfo(dtype).min
+        )
+    C, P, prompts = batch.completion_width, tree.prompt_width, batch.prompt_ids.shape[0]
+    logits = model(
+        input_ids=tree.input_ids.to(device),
+        attention_mask=attention,
+        position_ids=tree.position_ids.to(device),
+        logits_to_keep=tree.input_ids.shape[1] - P + 1,  # the prompt's last position, then every slot
+        use_cache=False,
+    ).logits
+    rows, slots = batch.prompt_of_row.to(device), tree.slot_of_row.to(device)
+    # A row's first token is predicted at its prompt's last position, which its group shares: taken as a product
+    # with a one-hot matrix (`pick_rows`), not by indexing, whose backward would add the rows in a varying order.
+    first = pick_rows(logits[:, :1], rows, prompts)
+    # The others inside its own slot: (prompt, slot) pairs are distinct, so indexing is exact both ways.
+    within = logits[:, 1:].unflatten(1, (-1, C))[rows, slots, : C - 1]
+    return chosen_logps(torch.cat([first, within], dim=1), batch.completion_ids.to(device), temperature)
 
 
 def pick_rows(tensor: torch.Tensor, rows: torch.Tensor, prompts: int) -> torch.Tensor:
     """tensor[rows] as a product with a one-hot matrix: the same values, and a backward that adds the rows sharing a
-    prompt in a fixed order (see `select_rows`)."""
+    prompt in a fixed order. Indexing's backward adds them with index_add, whose order on the CPU changes from
+    run to run once the tensors are large (a 135M model's are): the weights would then differ in the last bit
+    between a run and its replay. A matrix product's reduction does not change, and multiplying by one and
+    adding zeros leaves the forward exact."""
     return torch.einsum("rp,p...->r...", torch.nn.functional.one_hot(rows, prompts).to(tensor.dtype), tensor)
-
-
-def shared_prefix_logps(model, batch: SharedPrefixBatch, temperature: float = 1.0) -> torch.Tensor:
-    """completion_logps with each distinct prompt encoded once (the shared-prefix forward)."""
-    device = next(model.parameters()).device
-    prompt_mask, rows = batch.prompt_mask.to(device), batch.prompt_of_row.to(device)
-    encoded = model(
-        input_ids=batch.prompt_ids.to(device),
-        attention_mask=prompt_mask,
-        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache = getattr(encoded, CACHE)
-    select_rows(cache, rows, batch.prompt_ids.shape[0])  # each row's prompt keys and values: gradients reach the prompt
-    completion_mask = batch.completion_mask.to(device)
-    C = batch.completion_width
-    # Each completion continues its prompt's positions; it attends to its own prompt (padding masked) and itself.
-    positions = prompt_mask.sum(-1)[rows].unsqueeze(1) + torch.arange(C, device=device)
-    continued = model(
-        input_ids=batch.completion_ids.to(device),
-        attention_mask=torch.cat([prompt_mask[rows], completion_mask], dim=1),
-        position_ids=positions,
-        use_cache=True,
-        **{CACHE: cache},
-    )
-    # The first completion token is predicted at the prompt's last position, the others inside the completion.
-    first = pick_rows(encoded.logits[:, -1:], rows, batch.prompt_ids.shape[0])  # not [rows]: see `select_rows`
-    logits = torch.cat([first, continued.logits[:, :-1]], dim=1)
-    return chosen_logps(logits, batch.completion_ids.to(device), temperature)
 
 
 def chosen_logps(logits: torch.Tensor, chosen_ids: torch.Tensor, temperature: float) -> torch.Tensor:
