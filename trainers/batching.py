@@ -189,10 +189,13 @@ def shared_prefix_logps(model, batch: SharedPrefixBatch, temperature: float = 1.
     PrefixTree layout, under a 4D mask transformers passes to the attention as it is. A plain forward, so it
     also runs with activations recomputed in the backward pass (gradient checkpointing), which a forward that
     continues from a key/value cache cannot: transformers turns the cache off there."""
+    attention_kind = getattr(getattr(getattr(model, "module", model), "config", None), "_attn_implementation", "sdpa")
+    if attention_kind not in ("sdpa", "eager"):  # flash attention takes no 4D mask: the prompt once per row, then
+        return completion_logps(model, batch.packed(), temperature)
     device = next(model.parameters()).device
     tree = prefix_tree(batch)
     attention = tree.attention.to(device)
-    if getattr(getattr(model, "config", None), "_attn_implementation", "sdpa") == "eager":
+    if attention_kind == "eager":
         # eager attention adds the mask to the scores: it takes 0 where allowed and the dtype's minimum elsewhere
         dtype = next(model.parameters()).dtype
         attention = torch.zeros(attention.shape, dtype=dtype, device=device).masked_fill(
