@@ -245,7 +245,7 @@ def test_the_grpo_term_runs_its_forward_pass_after_the_ptx_terms_backward():
     prompts = [render_prompt(tok, f"count {i}") for i in range(4)]
     rows, _ = select_rollouts(rollout_rows(sample(agent, prompts, 8, seed=5), 8), 0, config)
     batch = trainer.micro_batches(rows)[0]
-    had_gradients = []  # at each embedding lookup (the GRPO term's shared prefix takes two): had a backward run?
+    had_gradients = []  # at each embedding lookup (one a term's forward): had a backward run?
     embeddings = agent.model.get_input_embeddings()
     hook = embeddings.register_forward_hook(lambda *_: had_gradients.append(any(p.grad is not None for p in params)))
     terms = trainer.loss(batch, agent.model)
@@ -254,7 +254,7 @@ def test_the_grpo_term_runs_its_forward_pass_after_the_ptx_terms_backward():
     grpo_term, _ = next(terms)
     grpo_term.backward()
     hook.remove()
-    assert had_gradients == [False, True, True]  # the GRPO rows' prefix and completions came after the backward
+    assert had_gradients == [False, True]  # the GRPO rows' forward came after the ptx term's backward
     assert list(terms) == [] and "ptx_nll" in metrics
     one_at_a_time = [p.grad.clone() for p in params]
     agent.model.zero_grad(set_to_none=True)
