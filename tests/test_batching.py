@@ -116,11 +116,8 @@ def test_each_completion_sees_its_prompt_and_itself_only():
     tree = prefix_tree(shared)
     P, C = 3, 3
     assert tree.input_ids.tolist() == [[5, 6, 7, 1, 2, 0, 3, 0, 0], [0, 8, 9, 4, 4, 4, 0, 0, 0]]
-    assert tree.position_ids[0, P:].tolist() == [3, 4, 5, 3, 4, 5] and tree.position_ids[1, P : P + C].tolist() == [
-        2,
-        3,
-        4,
-    ]
+    assert tree.position_ids[0, P:].tolist() == [3, 4, 5, 3, 4, 5]  # each slot continues its prompt's positions
+    assert tree.position_ids[1, P : P + C].tolist() == [2, 3, 4]  # after a prompt of 2 tokens (and a pad)
     sees = tree.attention[0, 0]
     assert sees[4].tolist() == [True] * 5 + [False] * 4  # the first row's second token: its prompt and its slot
     assert sees[6].tolist() == [True] * 3 + [False] * 3 + [True] + [False] * 2  # the second row's: not the first's
