@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     # `kill -USR1 PID` prints every thread's stack to stderr and the process goes on: how one finds where a run
     # (or one of its workers) that seems stuck is waiting. The process's own stderr (a test's redirect has no fd).
-    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+    if hasattr(signal, "SIGUSR1"):  # not on Windows
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     from deltalake.exceptions import DeltaError
     from kafka.errors import KafkaError
     from typer.exceptions import Abort, TyperException
