@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from trainers import load_model
-from trainers.batching import SharedPrefixBatch, checkpointed, completion_logps, pack, pack_shared
-from trainers.loop import recompute_activations
+from trainers.batching import SharedPrefixBatch, completion_logps, pack, pack_shared
+from trainers.loop import checkpointed, recompute_activations
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +77,25 @@ def test_a_gradient_checkpointed_model_takes_the_shared_prefix_forward_too():
     logps, grads = logps_and_grads(loaded.model, shared)
     real = shared.completion_mask.bool()
     assert checkpointed(loaded.model)
+    assert torch.allclose(logps[real], expected[real], atol=1e-6) and grads.keys() == expected_grads.keys()
+    for name, packed in expected_grads.items():
+        assert torch.allclose(grads[name], packed, atol=1e-6 * packed.abs().max().item()), name
+
+
+def test_eager_attention_takes_the_shared_prefix_mask_as_scores_to_add():
+    """Eager attention adds its mask to the scores (sdpa takes a boolean one): the same log-probabilities and
+    gradients as sdpa's packed forward. (Eager's own packed forward of left-padded rows is NaN: a padding query
+    sees no key, and its NaN reaches the real rows as 0 x NaN. The shared-prefix mask lets every query see itself.)"""
+    loaded = load_model("tiny")
+    loaded.model.double()
+    prompts, completions = groups(200, 2, 4)
+    pad = loaded.tokenizer.pad_token_id
+    expected, expected_grads = logps_and_grads(loaded.model, pack(prompts, completions, pad))  # sdpa, packed
+    loaded.model.set_attn_implementation("eager")
+    shared = pack_shared(prompts, completions, pad)
+    logps, grads = logps_and_grads(loaded.model, shared)
+    real = shared.completion_mask.bool()
+    assert loaded.model.config._attn_implementation == "eager"
     assert torch.allclose(logps[real], expected[real], atol=1e-6) and grads.keys() == expected_grads.keys()
     for name, packed in expected_grads.items():
         assert torch.allclose(grads[name], packed, atol=1e-6 * packed.abs().max().item()), name

@@ -131,9 +131,8 @@ def accumulating_rank(rank: int, port: int, out: str) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     from trainers import GRPOConfig
-    from trainers.batching import checkpointed
     from trainers.distributed import accelerator
-    from trainers.loop import optimise
+    from trainers.loop import checkpointed, optimise
 
     model = load_model("tiny").model
     group = accelerator(cpu=True)

@@ -127,16 +127,6 @@ def completion_logps(model, batch: TokenBatch | SharedPrefixBatch, temperature: 
     return chosen_logps(logits, batch.completion_ids.to(device), temperature)
 
 
-def checkpointed(model) -> bool:
-    """Whether the model recomputes activations in the backward pass (and so keeps no key/value cache). Asked of
-    the model inside DDP's wrapper, which does not pass the attribute through (it read False under DDP)."""
-    model = getattr(model, "module", model)
-    name = (
-        "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
-    )
-    return bool(getattr(model, name, False))
-
-
 @dataclass
 class PrefixTree:
     """A SharedPrefixBatch laid out for one forward: a sequence per distinct prompt, its rows' completions after it
@@ -189,7 +179,7 @@ def shared_prefix_logps(model, batch: SharedPrefixBatch, temperature: float = 1.
     PrefixTree layout, under a 4D mask transformers passes to the attention as it is. A plain forward, so it
     also runs with activations recomputed in the backward pass (gradient checkpointing), which a forward that
     continues from a key/value cache cannot: transformers turns the cache off there."""
-    attention_kind = getattr(getattr(getattr(model, "module", model), "config", None), "_attn_implementation", "sdpa")
+    attention_kind = getattr(model, "module", model).config._attn_implementation  # through DDP's wrapper
     if attention_kind not in ("sdpa", "eager"):  # flash attention takes no 4D mask: the prompt once per row, then
         return completion_logps(model, batch.packed(), temperature)
     device = next(model.parameters()).device

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .batching import checkpointed, completion_logps
+from .batching import completion_logps
 
 Progress = Callable[[int, int], None]  # (micro-batches done, total)
 FSDP_MODES = ("", "full_shard", "shard_grad_op")  # TrainingArguments' names; "": DDP
@@ -229,6 +229,16 @@ def optimise(
     }
 
 
+def checkpointed(model) -> bool:
+    """Whether the model recomputes activations in the backward pass. Asked of the model inside DDP's wrapper,
+    which does not pass the attribute through (it read False under DDP)."""
+    model = getattr(model, "module", model)
+    name = (
+        "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    )
+    return bool(getattr(model, name, False))
+
+
 def recompute_activations(model) -> None:
     """Gradient checkpointing: each layer's activations recomputed in the backward pass, not kept (once a model)."""
     if checkpointed(model):
@@ -270,9 +280,8 @@ class Trainer:
             model.get_input_embeddings().weight.requires_grad_(False)
         self.model = with_lora(model, config) if config.use_peft else model
         if config.gradient_checkpointing:
-            # Before `micro_batches`: a checkpointed model scores whole rows, not a shared prompt's cache
-            # (batching.completion_logps), and the ratio's denominator must come from the forward pass the update
-            # then runs, or in bf16 the ratio starts away from 1 by the two paths' rounding.
+            # Before `micro_batches`: the ratio's denominator must come from the model the update then trains, as
+            # the update runs it, or in bf16 the ratio starts away from 1 by two paths' rounding.
             recompute_activations(self.model)
         self.ref_model = ref_model
         self.compute = compute

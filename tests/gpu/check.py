@@ -424,7 +424,7 @@ def ddp_rank(rank: int, device: str, port: int, out: str) -> None:
         if not calls:
             wrapper.register_comm_hook(None, counted)
         calls.append(batch)
-        saw_checkpointing.append(m["batching"].checkpointed(wrapper))
+        saw_checkpointing.append(m["loop"].checkpointed(wrapper))
         yield wrapper(input_ids=batch, labels=batch).loss, {}
 
     metrics = m["loop"].optimise(model, micro_batches, loss_of, options, accelerator=group)
