@@ -58,6 +58,12 @@ def test_building_a_role_loads_no_model_and_opens_no_connection(tmp_path):
     listener.close()
 
 
+# Private names of libraries that offer no public way to the same fact, each with its reason.
+LIBRARY_PRIVATE_NAMES = {
+    "_attn_implementation": "transformers' config holds the attention kind (sdpa, eager, flash) and has no getter",
+}
+
+
 def test_no_module_calls_another_modules_private_names():
     """`a._b` where `a` is not self/cls names something private to another module or object."""
     offenders = []
@@ -69,6 +75,7 @@ def test_no_module_calls_another_modules_private_names():
                     and node.attr.startswith("_")
                     and not node.attr.startswith("__")
                     and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                    and node.attr not in LIBRARY_PRIVATE_NAMES
                 ):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
                 if isinstance(node, ast.ImportFrom) and any(a.name.startswith("_") for a in node.names):
