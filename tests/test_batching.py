@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainers import load_model
-from trainers.batching import SharedPrefixBatch, completion_logps, pack, pack_shared
+from trainers.batching import SharedPrefixBatch, _chosen_logps, chosen_logps, completion_logps, pack, pack_shared
 from trainers.loop import checkpointed, recompute_activations
 
 pytestmark = pytest.mark.integration
@@ -141,3 +141,24 @@ def test_each_completion_sees_its_prompt_and_itself_only():
     assert sees[4].tolist() == [True] * 5 + [False] * 4  # the first row's second token: its prompt and its slot
     assert sees[6].tolist() == [True] * 3 + [False] * 3 + [True] + [False] * 2  # the second row's: not the first's
     assert tree.attention[1, 0, :, 0].tolist() == [True] + [False] * 8  # the second prompt's pad: by itself alone
+
+
+def test_log_probabilities_taken_a_row_at_a_time_are_the_same_bits_as_in_one_piece():
+    """chosen_logps recomputes its float32 work row by row in the backward pass (to keep the peak down): the values
+    and the logits' gradients must be those of the one-piece computation, bit for bit, in bf16 as in fp32."""
+    for dtype in (torch.bfloat16, torch.float32):
+        generator = torch.Generator().manual_seed(0)
+        logits = (torch.randn(5, 7, 300, generator=generator) * 4).to(dtype)
+        chosen = torch.randint(0, 300, (5, 7), generator=generator)
+        weights = torch.randn(5, 7, generator=generator)
+        results = []
+        for take in (chosen_logps, _chosen_logps):
+            leaf = logits.clone().requires_grad_(True)
+            logps = take(leaf, chosen, 0.7)
+            (logps * weights).sum().backward()
+            results.append((logps.detach(), leaf.grad))
+        (row_by_row, row_grad), (whole, whole_grad) = results
+        assert row_by_row.dtype == torch.float32 and torch.equal(row_by_row, whole)
+        assert torch.equal(row_grad, whole_grad) and row_grad.abs().sum() > 0
+        with torch.no_grad():  # no backward to come: one piece
+            assert torch.equal(chosen_logps(logits, chosen, 0.7), whole)

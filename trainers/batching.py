@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from .generation import prompt_token_ids
 
@@ -200,12 +201,15 @@ def shared_prefix_logps(model, batch: SharedPrefixBatch, temperature: float = 1.
         use_cache=False,
     ).logits
     rows, slots = batch.prompt_of_row.to(device), tree.slot_of_row.to(device)
+    completion_ids = batch.completion_ids.to(device)
     # A row's first token is predicted at its prompt's last position, which its group shares: taken as a product
     # with a one-hot matrix (`pick_rows`), not by indexing, whose backward would add the rows in a varying order.
-    first = pick_rows(logits[:, :1], rows, prompts)
+    first = pick_rows(logits[:, :1].clone(), rows, prompts)  # a copy: a view would keep all the logits alive
     # The others inside its own slot: (prompt, slot) pairs are distinct, so indexing is exact both ways.
     within = logits[:, 1:].unflatten(1, (-1, C))[rows, slots, : C - 1]
-    return chosen_logps(torch.cat([first, within], dim=1), batch.completion_ids.to(device), temperature)
+    del logits  # each token's log-probability is taken apart (no concatenated copy of the logits)
+    first_logps = chosen_logps(first, completion_ids[:, :1], temperature)
+    return torch.cat([first_logps, chosen_logps(within, completion_ids[:, 1:], temperature)], dim=1)
 
 
 def pick_rows(tensor: torch.Tensor, rows: torch.Tensor, prompts: int) -> torch.Tensor:
@@ -218,8 +222,23 @@ def pick_rows(tensor: torch.Tensor, rows: torch.Tensor, prompts: int) -> torch.T
 
 
 def chosen_logps(logits: torch.Tensor, chosen_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(logits / T) at the chosen tokens, without materialising the whole log-softmax tensor twice;
-    in float32 at least (logits of a bf16 model are upcast, never those of a float64 one down)."""
+    """log softmax(logits / T) at the chosen tokens, in float32 at least (logits of a bf16 model are upcast, never
+    those of a float64 one down). Where a backward pass will follow, one row at a time with the float32 work
+    recomputed in the backward pass (torch's checkpoint): the backward then keeps only the model's own logits, not
+    their float32 copy, and its float32 gradients exist for one row at a time. Each token's figure is computed by
+    the same operations as in one piece, so the values and gradients are the same bits. At 8 rows of 72 tokens
+    and a 49k vocabulary the float32 copies were about 0.35 GB of the update's peak (docs/RESULTS.md, e118)."""
+    if not (torch.is_grad_enabled() and logits.requires_grad):
+        return _chosen_logps(logits, chosen_ids, temperature)
+    return torch.cat(
+        [
+            checkpoint(_chosen_logps, row, ids, temperature, use_reentrant=False)
+            for row, ids in zip(logits.split(1), chosen_ids.split(1))
+        ]
+    )
+
+
+def _chosen_logps(logits: torch.Tensor, chosen_ids: torch.Tensor, temperature: float) -> torch.Tensor:
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if temperature != 1.0:
         logits = logits / temperature
