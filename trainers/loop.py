@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .batching import completion_logps
+from .heap import release_free_heap
 
 Progress = Callable[[int, int], None]  # (micro-batches done, total)
 FSDP_MODES = ("", "full_shard", "shard_grad_op")  # TrainingArguments' names; "": DDP
@@ -208,6 +209,10 @@ def optimise(
                 sums["loss"] += loss.item()
                 for name, value in metrics.items():
                     sums[name] += value
+                # The heap the term's backward freed given back, as the warm start does after each micro-batch
+                # (trainers/heap.py): each term's logits and activations come in its own sizes, and the heap they
+                # left grew by 0.27 GB over one update of 8-row micro-batches (docs/RESULTS.md, e118).
+                release_free_heap()
         if ends_step:
             clip = accelerator.clip_grad_norm_ if accelerator is not None else torch.nn.utils.clip_grad_norm_
             grad_norm = float(clip(params, config.max_grad_norm))
@@ -316,5 +321,8 @@ class Trainer:
         # The micro-batches hold the reference's log-probabilities: the reference model (a whole model's weights)
         # is not needed while the gradients and AdamW's moments are, the update's largest moment.
         self.ref_model = None
+        # The heap that their forward passes freed, given back before the gradients and moments come: kept, it was
+        # 1 GB of a 4 GB update (8 micro-batches of 8 rows; docs/RESULTS.md, e118).
+        release_free_heap()
         metrics = optimise(self.model, batches, self.loss, self.config, self.passes, progress, self.accelerator, state)
         return {**metrics, **self.summary(rows, batches)}
