@@ -210,8 +210,10 @@ def optimise(
                 for name, value in metrics.items():
                     sums[name] += value
                 # The heap the term's backward freed given back, as the warm start does after each micro-batch
-                # (trainers/heap.py): each term's logits and activations come in its own sizes, and the heap they
-                # left grew by 0.27 GB over one update of 8-row micro-batches (docs/RESULTS.md, e118).
+                # (trainers/heap.py): each term's logits and activations come in their own sizes, and what they left
+                # behind piled up (with this and the call in `Trainer.train`, the agent's updates of 8-row
+                # micro-batches peaked at 3.40-3.58 GB against 4.06-4.37, the simulator's at 3.26-3.40 against
+                # 3.70-3.97: e119 and e118 of docs/RESULTS.md).
                 release_free_heap()
         if ends_step:
             clip = accelerator.clip_grad_norm_ if accelerator is not None else torch.nn.utils.clip_grad_norm_
@@ -321,8 +323,7 @@ class Trainer:
         # The micro-batches hold the reference's log-probabilities: the reference model (a whole model's weights)
         # is not needed while the gradients and AdamW's moments are, the update's largest moment.
         self.ref_model = None
-        # The heap that their forward passes freed, given back before the gradients and moments come: kept, it was
-        # 1 GB of a 4 GB update (8 micro-batches of 8 rows; docs/RESULTS.md, e118).
+        # The heap that their forward passes freed, given back before the gradients and moments come.
         release_free_heap()
         metrics = optimise(self.model, batches, self.loss, self.config, self.passes, progress, self.accelerator, state)
         return {**metrics, **self.summary(rows, batches)}

@@ -36,11 +36,11 @@ MAX_WORKERS = 64  # worker processes of one kind: each loads its own model
 class RunConfig:
     domain: str = "toolcall"  # the domain where a measured CPU run shows learning (docs/RESULTS.md)
     mode: Mode = "genenv"
-    # 4 epochs of 10 tasks fit the 15 minutes on 2 cores in bf16 with 64 agent steps (docs/RESULTS.md, e30); more
-    # tasks an epoch give more mixed groups to train on than more epochs of fewer. 0: until stopped (async runs
-    # only; SIGTERM or Ctrl-C stops them cleanly)
+    # 4 epochs of 20 tasks fit the 15 minutes on 2 cores in bf16 (docs/RESULTS.md, e118); more tasks an epoch give
+    # more mixed groups to train on than more epochs of fewer (10 tasks: 2-4 mixed groups an epoch, 20: 4-8).
+    # 0: until stopped (async runs only; SIGTERM or Ctrl-C stops them cleanly)
     epochs: int = 4
-    tasks_per_epoch: int = 10  # valid tasks an epoch: the simulator writes until it has them (or its attempts end)
+    tasks_per_epoch: int = 20  # valid tasks an epoch: the simulator writes until it has them (or its attempts end)
     batch_size: int = 4  # tasks per curriculum batch (granularity "batch")
     group_size: int = 8  # rollouts per task (G): with 8, most tasks the agent solves sometimes get a mixed group
     agent_model: str = "smollm2-135m"
@@ -99,13 +99,14 @@ class RunConfig:
     # Task granularity: with 10 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
     # G = 8 a task's p_hat is a multiple of 0.125, and k = 0.25 keeps those solved 2 to 6 times in 8.
     curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(granularity="task", k=0.25))
-    # Four steps per mixed group (2 of its rollouts each, sharing their prompt), 2 passes, one AdamW carried across
-    # the run's updates with a warmup of 8 steps; DAPO's clip-higher (epsilon_high) against the collapse of the variety
-    # a group needs; and PPO-ptx on the warm start's answers, so that what no mixed group covers (the multi-call
-    # answers) does not decay. Measured to teach the agent, run e13 of docs/RESULTS.md (3 passes undid it; ptx_coef
-    # 1.0 made every group agree; steps of 4 rows gave 24-40 steps a run). At most 2 mixed groups an update (16
-    # steps): a run with many mixed groups took 104 steps and 17:46 (e32), past the 15 minutes. The embeddings (the
-    # tied output head) stay the warm start's: their gradients and moments were 0.34 GB of the run's 4.3 GB peak.
+    # One step per mixed group (its 8 rollouts, their prompt encoded once), 2 passes, one AdamW carried across the
+    # run's updates with a warmup of 8 steps; DAPO's clip-higher (epsilon_high) against the collapse of the variety
+    # a group needs; and PPO-ptx on 4 of the warm start's answers a step, so that what no mixed group covers (the
+    # multi-call answers) does not decay. At most 8 mixed groups an update (16 steps), every one of them at 20 tasks
+    # an epoch: at each of seeds 0-4 this gained more than the default before it (four steps of 2 rows on each of at
+    # most 2 groups of 10 tasks), +0.10 against +0.04 on average (docs/RESULTS.md, e114-e120 against e77-e81; 3
+    # passes undid what 2 taught, e4). The embeddings (the tied output head) stay the warm start's: their gradients
+    # and moments were 0.34 GB of the run's 4.3 GB peak.
     # Activations recomputed in the backward pass: a micro-batch's kept activations were 0.5 GB of a bf16 update's
     # peak, for about 10% more of its time (e62 of docs/RESULTS.md). Advantages are the reward minus the group's
     # mean, not divided by its std (Dr. GRPO's choice, TRL's scale_rewards "none"): divided, the one wrong answer of
@@ -115,7 +116,7 @@ class RunConfig:
     agent: GRPOConfig = field(
         default_factory=lambda: GRPOConfig(
             learning_rate=3e-5,
-            per_device_train_batch_size=2,
+            per_device_train_batch_size=8,
             gradient_accumulation_steps=1,
             num_iterations=2,
             lr_scheduler_type="constant_with_warmup",
@@ -123,7 +124,8 @@ class RunConfig:
             temperature=0.7,
             epsilon_high=0.28,
             ptx_coef=0.3,
-            max_groups=2,
+            ptx_batch_size=4,
+            max_groups=8,
             scale_rewards="none",
             freeze_embeddings=True,
             gradient_checkpointing=True,
@@ -336,6 +338,7 @@ PROFILES: dict[str, dict] = {
         "agent.gradient_accumulation_steps": 8,
         "agent.num_iterations": 1,
         "agent.max_groups": 0,  # 64 tasks an epoch: every mixed group
+        "agent.ptx_batch_size": 2,  # what `genenv plan` sized (the CPU default's 4 goes with its 135M model)
         "agent.use_peft": True,
         "env.use_peft": True,
         # the CPU default's saving, which FSDP (configs/paper-fsdp-8gpu.toml) refuses; LoRA trains no embedding anyway
