@@ -96,7 +96,7 @@ class RunConfig:
     # long after the task came: a rollout worker then makes the rollouts the lake lacks. Kafka already moves a task
     # from a rollout worker that stops polling (max.poll.interval.ms, 300 s); this is for work lost on the way.
     reassign_after_s: float = 600.0
-    # Task granularity: with 10 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
+    # Task granularity: at 10-20 tasks an epoch a batch's p_hat rarely lands in the band, a task's often does. With
     # G = 8 a task's p_hat is a multiple of 0.125, and k = 0.25 keeps those solved 2 to 6 times in 8.
     curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(granularity="task", k=0.25))
     # One step per mixed group (its 8 rollouts, their prompt encoded once), 2 passes, one AdamW carried across the
