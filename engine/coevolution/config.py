@@ -36,8 +36,8 @@ MAX_WORKERS = 64  # worker processes of one kind: each loads its own model
 class RunConfig:
     domain: str = "toolcall"  # the domain where a measured CPU run shows learning (docs/RESULTS.md)
     mode: Mode = "genenv"
-    # 4 epochs of 20 tasks fit the 15 minutes on 2 cores in bf16 (docs/RESULTS.md, e118); more tasks an epoch give
-    # more mixed groups to train on than more epochs of fewer (10 tasks: 2-4 mixed groups an epoch, 20: 4-8).
+    # 4 epochs of 20 tasks took 10:51-15:18 on 2 cores in bf16 (docs/RESULTS.md, e115, e116, e121); more tasks an
+    # epoch give more mixed groups to train on than more epochs of fewer (20 gave 3-8 mixed groups an epoch).
     # 0: until stopped (async runs only; SIGTERM or Ctrl-C stops them cleanly)
     epochs: int = 4
     tasks_per_epoch: int = 20  # valid tasks an epoch: the simulator writes until it has them (or its attempts end)
