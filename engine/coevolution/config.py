@@ -338,7 +338,9 @@ PROFILES: dict[str, dict] = {
         "agent.gradient_accumulation_steps": 8,
         "agent.num_iterations": 1,
         "agent.max_groups": 0,  # 64 tasks an epoch: every mixed group
-        "agent.ptx_batch_size": 2,  # what `genenv plan` sized (the CPU default's 4 goes with its 135M model)
+        # 2 ptx answers a micro-batch, as before the CPU default's went to 4 with its 8-row steps of a 135M model
+        # (`genenv plan` does not count ptx rows, so 4 here would add memory the plan does not show)
+        "agent.ptx_batch_size": 2,
         "agent.use_peft": True,
         "env.use_peft": True,
         # the CPU default's saving, which FSDP (configs/paper-fsdp-8gpu.toml) refuses; LoRA trains no embedding anyway
