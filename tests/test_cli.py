@@ -201,6 +201,23 @@ def test_the_async_plan_counts_every_workers_engine_and_both_updates_at_once():
     assert shown.returncode == 0 and "rollout worker 1" in shown.stdout and "does not fit" in shown.stdout
 
 
+def test_the_plan_counts_the_ptx_terms_rows_where_they_outnumber_grpos():
+    """GRPO's ptx term is backpropagated apart from its own: a micro-batch's activations are those of the larger
+    term, and a ptx term that is off adds nothing whatever its batch size."""
+    from engine.coevolution import load_config
+    from trainers.plan import plan_run
+
+    def agent_activations(*sets: str) -> int:
+        plan = plan_run(load_config("default", None, list(sets)), memory_gib=24, device="cpu")
+        return next(u.activations for u in plan.updates if u.role == "agent")
+
+    grpo = agent_activations("agent.per_device_train_batch_size=8", "agent.ptx_batch_size=4")
+    assert agent_activations("agent.per_device_train_batch_size=8", "agent.ptx_batch_size=8") == grpo
+    assert agent_activations("agent.per_device_train_batch_size=8", "agent.ptx_batch_size=16") == 2 * grpo
+    off = ("agent.per_device_train_batch_size=8", "agent.ptx_batch_size=16", "agent.ptx_coef=0")
+    assert agent_activations(*off) == grpo
+
+
 @pytest.mark.parametrize("name", list(BAD_INVOCATIONS))
 def test_a_bad_invocation_is_one_line_and_exit_2_and_creates_nothing(name, tmp_path):
     args, message = BAD_INVOCATIONS[name]

@@ -17,10 +17,11 @@ What a device holds at the peak of a run, the sync loop's way (one update at a t
       optimizer   AdamW: two fp32 moments of what is trained
       reference   the base model in `dtype`, when beta > 0 (GRPO) or kl_coef > 0 (RWR) (with LoRA too: the
                   parent under the adapters is the last checkpoint, not the base model)
-      activations per micro-batch of per_device_train_batch_size sequences (Korthikanti et al., 2022:
-                  about 34 x hidden bytes per token and layer in 16-bit, attention by SDPA; with gradient
-                  checkpointing only each layer's 16-bit input is kept, plus one layer's full set), and the
-                  completion positions' fp32 logits (three copies: logits, log-softmax, their gradient)
+      activations per micro-batch of per_device_train_batch_size sequences, or of GRPO's ptx_batch_size
+                  where that is more (Korthikanti et al., 2022: about 34 x hidden bytes per token and layer in
+                  16-bit, attention by SDPA; with gradient checkpointing only each layer's 16-bit input is
+                  kept, plus one layer's full set), and the completion positions' fp32 logits (three copies:
+                  logits, log-softmax, their gradient)
 
 With FSDP over N devices the master weights, gradients and optimizer state are divided by N (full
 sharding); with DDP every device holds them whole.
@@ -179,7 +180,10 @@ def update_plan(
         master = n * 4 + (n * BYTES[dtype] if dtype != "fp32" else 0)
     uses_reference = bool(getattr(options, "beta", 0) or getattr(options, "kl_coef", 0))
     reference = n * BYTES[dtype] if uses_reference else 0
-    rows = options.per_device_train_batch_size
+    # GRPO's ptx term is backpropagated apart from its own (trainers/grpo.py), so a micro-batch's activations are
+    # the larger of the two terms' rows, each a whole prompt and answer
+    ptx_rows = getattr(options, "ptx_batch_size", 0) if getattr(options, "ptx_coef", 0) else 0
+    rows = max(options.per_device_train_batch_size, ptx_rows)
     tokens = rows * (prompt_tokens + completion_tokens)
     act_bytes = BYTES[dtype] / 2  # Korthikanti's figure is for 16-bit activations
     if getattr(options, "gradient_checkpointing", False):
