@@ -338,8 +338,9 @@ PROFILES: dict[str, dict] = {
         "agent.gradient_accumulation_steps": 8,
         "agent.num_iterations": 1,
         "agent.max_groups": 0,  # 64 tasks an epoch: every mixed group
-        # 2 ptx answers a micro-batch, as before the CPU default's went to 4 with its 8-row steps of a 135M model
-        # (`genenv plan` does not count ptx rows, so 4 here would add memory the plan does not show)
+        # 2 ptx answers a micro-batch, as before the CPU default went to 4: on 2 CPU cores 4 gained +0.02 more than 2
+        # on average over seeds 0-4, well inside the seeds' spread, for about a third more of a run's time
+        # (docs/RESULTS.md, e123-e128); not measured on a GPU
         "agent.ptx_batch_size": 2,
         "agent.use_peft": True,
         "env.use_peft": True,
