@@ -36,8 +36,8 @@ MAX_WORKERS = 64  # worker processes of one kind: each loads its own model
 class RunConfig:
     domain: str = "toolcall"  # the domain where a measured CPU run shows learning (docs/RESULTS.md)
     mode: Mode = "genenv"
-    # 4 epochs of 20 tasks took 10:51-15:18 on 2 cores in bf16 (docs/RESULTS.md, e115, e116, e121); more tasks an
-    # epoch give more mixed groups to train on than more epochs of fewer (20 gave 3-8 mixed groups an epoch).
+    # 4 epochs of 20 tasks took 13:32-14:06 on 2 cores of an AMD EPYC in bf16 (docs/RESULTS.md, e124, e127, e128);
+    # more tasks an epoch give more mixed groups to train on than more epochs of fewer (20 gave 3-8 an epoch).
     # 0: until stopped (async runs only; SIGTERM or Ctrl-C stops them cleanly)
     epochs: int = 4
     tasks_per_epoch: int = 20  # valid tasks an epoch: the simulator writes until it has them (or its attempts end)
@@ -101,12 +101,14 @@ class RunConfig:
     curriculum: CurriculumConfig = field(default_factory=lambda: CurriculumConfig(granularity="task", k=0.25))
     # One step per mixed group (its 8 rollouts, their prompt encoded once), 2 passes, one AdamW carried across the
     # run's updates with a warmup of 8 steps; DAPO's clip-higher (epsilon_high) against the collapse of the variety
-    # a group needs; and PPO-ptx on 4 of the warm start's answers a step, so that what no mixed group covers (the
+    # a group needs; and PPO-ptx on 2 of the warm start's answers a step, so that what no mixed group covers (the
     # multi-call answers) does not decay. At most 8 mixed groups an update (16 steps), every one of them at 20 tasks
-    # an epoch: at each of seeds 0-4 this gained more than the default before it (four steps of 2 rows on each of at
-    # most 2 groups of 10 tasks), +0.10 against +0.04 on average (docs/RESULTS.md, e114-e120 against e77-e81; 3
-    # passes undid what 2 taught, e4). The embeddings (the tied output head) stay the warm start's: their gradients
-    # and moments were 0.34 GB of the run's 4.3 GB peak.
+    # an epoch: at each of seeds 0-4 this (with 4 ptx answers) gained more than the default before it (four steps
+    # of 2 rows on each of at most 2 groups of 10 tasks), +0.09 against +0.04 on average (docs/RESULTS.md,
+    # e114-e120 against e77-e81; 3 passes undid what 2 taught, e4). 2 ptx answers gained what 4 did over seeds 0-4
+    # (+0.067 against +0.073 on average, a paired -0.006 [-0.068, +0.056]) in three quarters of the time: a ptx
+    # answer is a whole prompt, most of a step's tokens (e123-e129). The embeddings (the tied output head) stay the
+    # warm start's: their gradients and moments were 0.34 GB of the run's 4.3 GB peak.
     # Activations recomputed in the backward pass: a micro-batch's kept activations were 0.5 GB of a bf16 update's
     # peak, for about 10% more of its time (e62 of docs/RESULTS.md). Advantages are the reward minus the group's
     # mean, not divided by its std (Dr. GRPO's choice, TRL's scale_rewards "none"): divided, the one wrong answer of
@@ -124,7 +126,7 @@ class RunConfig:
             temperature=0.7,
             epsilon_high=0.28,
             ptx_coef=0.3,
-            ptx_batch_size=4,
+            ptx_batch_size=2,
             max_groups=8,
             scale_rewards="none",
             freeze_embeddings=True,
@@ -338,10 +340,6 @@ PROFILES: dict[str, dict] = {
         "agent.gradient_accumulation_steps": 8,
         "agent.num_iterations": 1,
         "agent.max_groups": 0,  # 64 tasks an epoch: every mixed group
-        # 2 ptx answers a micro-batch, as before the CPU default went to 4: on 2 CPU cores 4 gained +0.02 more than 2
-        # on average over seeds 0-4, well inside the seeds' spread, for about a third more of a run's time
-        # (docs/RESULTS.md, e123-e128); not measured on a GPU
-        "agent.ptx_batch_size": 2,
         "agent.use_peft": True,
         "env.use_peft": True,
         # the CPU default's saving, which FSDP (configs/paper-fsdp-8gpu.toml) refuses; LoRA trains no embedding anyway
