@@ -15,7 +15,7 @@ pay for importing torch.
 
 # isort: off
 from . import runs, training, data, lineage, evaluation  # noqa: F401 (importing a module registers its commands; this order is --help's)
-from .app import app, main
+from .app import app, entry, main
 # isort: on
 
-__all__ = ["app", "main"]
+__all__ = ["app", "entry", "main"]
