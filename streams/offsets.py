@@ -39,15 +39,20 @@ class HeldOffsets:
             for offset in [o for o, k in offsets.items() if k == key]:
                 del offsets[offset]
 
+    def positions(self) -> dict[TopicPartition, int]:
+        """Where each partition seen is to be read again from: its lowest held offset, else the position after the
+        last message seen. A partition that a rebalance takes away and gives back keeps kafka-python's position
+        (past the held messages), so the member seeks it back here, whether or not the offset moved since the
+        last commit."""
+        return {tp: min(self._held[tp]) if self._held.get(tp) else after for tp, after in self._next.items()}
+
     def to_commit(self) -> dict[TopicPartition, OffsetAndMetadata]:
         """The offsets that moved since the last commit (call `committed` once they are)."""
-        out = {}
-        for tp, after in self._next.items():
-            held = self._held.get(tp)
-            offset = min(held) if held else after
-            if self._committed.get(tp) != offset:
-                out[tp] = OffsetAndMetadata(offset, "", -1)
-        return out
+        return {
+            tp: OffsetAndMetadata(offset, "", -1)
+            for tp, offset in self.positions().items()
+            if self._committed.get(tp) != offset
+        }
 
     def committed(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         self._committed.update({tp: meta.offset for tp, meta in offsets.items()})

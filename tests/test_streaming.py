@@ -120,6 +120,7 @@ def test_held_offsets_commit_below_the_first_message_whose_work_is_pending():
     assert held.to_commit() == {tasks: OffsetAndMetadata(5, "", -1), rollouts: OffsetAndMetadata(10, "", -1)}
     held.committed(held.to_commit())
     assert held.to_commit() == {}, "nothing moved since"
+    assert held.positions() == {tasks: 5, rollouts: 10}, "where a partition given back is read again from, moved or not"
     held.release("t1")
     assert held.to_commit() == {tasks: OffsetAndMetadata(7, "", -1), rollouts: OffsetAndMetadata(11, "", -1)}
     held.release("t2")
@@ -128,23 +129,14 @@ def test_held_offsets_commit_below_the_first_message_whose_work_is_pending():
     assert held.to_commit() == {}
 
 
-@pytest.mark.integration
-def test_a_reward_worker_sends_again_a_task_whose_group_stays_incomplete_and_records_it(broker, lake, runner):
-    """A task whose fourth rollout never comes: after reassign_after_s the reward worker sends the task again and
-    publishes a TaskReassigned; the rollout made for the re-sent task completes the group, which is scored once; the
-    lake holds the task once, the record, and `genenv audit task` shows it."""
+def task_with_rollouts(config, run_id: str):
+    """One valid seed task of the config's domain, as the simulator's event, and its group_size rollouts' events."""
     import random
-    import threading
 
-    from engine.coevolution import GeneratedTask, Simulator, load_config
+    from engine.coevolution import GeneratedTask, Simulator
     from engine.domains import get_domain
-    from engine.lineage import audit_task
-    from engine.workers import RewardWorker
-    from lake import ingest
-    from streams import EventProducer, RolloutCompleted, assigned_consumer, decode
+    from streams import RolloutCompleted
 
-    config = load_config("quick", None, ["reassign_after_s=1"])
-    run_id = "reassign"
     request, text, parsed = get_domain(config.domain).seeds(random.Random(0), 1)[0]
     task = Simulator(config, get_domain(config.domain), run_id).event(
         GeneratedTask(f"{run_id}-e0-t0", f"{run_id}-e0-b0", request.prompt, text, parsed, "1", 0, [])
@@ -162,33 +154,68 @@ def test_a_reward_worker_sends_again_a_task_whose_group_stays_incomplete_and_rec
         )
         for i in range(config.group_size)
     ]
+    return task, rollouts
+
+
+def wait_for(bootstrap: str, topic: str, kind: str, task_id: str, timeout_s: float = 60) -> list:
+    """The events of `kind` about the task on `topic` (read from the beginning), once there is one; fails after
+    timeout_s without one."""
+    from streams import assigned_consumer, decode
+
+    consumer = assigned_consumer(bootstrap, [topic])
+    deadline, found = time.monotonic() + timeout_s, []
+    while not found and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500).values():
+            events = [e for e in (decode(r.value) for r in records) if e.KIND == kind]
+            found += [e for e in events if task_id in (e.task_ids if kind == "batch" else [e.task_id])]
+    consumer.close()
+    assert found, f"no {kind} event of the task on {topic}"
+    return found
+
+
+class RunningWorker:
+    """A worker's `run` in a thread, stopped and joined on leaving the with block."""
+
+    def __init__(self, worker):
+        import threading
+
+        self.worker, self.stop = worker, threading.Event()
+        self.thread = threading.Thread(target=worker.run, args=(self.stop.is_set,))
+
+    def __enter__(self):
+        self.thread.start()
+        return self.worker
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+
+@pytest.mark.integration
+def test_a_reward_worker_sends_again_a_task_whose_group_stays_incomplete_and_records_it(broker, lake, runner):
+    """A task whose fourth rollout never comes: after reassign_after_s the reward worker sends the task again and
+    publishes a TaskReassigned; the rollout made for the re-sent task completes the group, which is scored once; the
+    lake holds the task once, the record, and `genenv audit task` shows it."""
+    from engine.coevolution import load_config
+    from engine.lineage import audit_task
+    from engine.workers import RewardWorker
+    from lake import ingest
+    from streams import EventProducer
+
+    config = load_config("quick", None, ["reassign_after_s=1"])
+    run_id = "reassign"
+    task, rollouts = task_with_rollouts(config, run_id)
     producer = EventProducer(broker.bootstrap)
     producer.publish([task, *rollouts[:-1]])
-
-    def wait_for(topic: str, kind: str, timeout_s: float = 60) -> list:
-        consumer = assigned_consumer(broker.bootstrap, [topic])
-        deadline, found = time.monotonic() + timeout_s, []
-        while not found and time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=500).values():
-                events = [e for e in (decode(r.value) for r in records) if e.KIND == kind]
-                found += [e for e in events if task.task_id in (e.task_ids if kind == "batch" else [e.task_id])]
-        consumer.close()
-        assert found, f"no {kind} event of the task on {topic}"
-        return found
-
-    worker = RewardWorker(config, lake, broker.bootstrap, run_id)
-    stop = threading.Event()
-    thread = threading.Thread(target=worker.run, args=(stop.is_set,))
-    thread.start()
     try:
-        reassigned = wait_for("genenv.reassignments", "reassign")
-        assert (reassigned[0].reassignment, reassigned[0].rollouts_missing) == (1, 1)
-        assert len(wait_for("genenv.tasks", "task")) >= 2, "the task is sent again for its rollouts"
-        producer.publish(rollouts[-1:])  # what a rollout worker makes for the re-sent task
-        wait_for("genenv.batches", "batch")
+        with RunningWorker(RewardWorker(config, lake, broker.bootstrap, run_id)):
+            reassigned = wait_for(broker.bootstrap, "genenv.reassignments", "reassign", task.task_id)
+            assert (reassigned[0].reassignment, reassigned[0].rollouts_missing) == (1, 1)
+            sent = wait_for(broker.bootstrap, "genenv.tasks", "task", task.task_id)
+            assert len(sent) >= 2, "the task is sent again for its rollouts"
+            producer.publish(rollouts[-1:])  # what a rollout worker makes for the re-sent task
+            wait_for(broker.bootstrap, "genenv.batches", "batch", task.task_id)
     finally:
-        stop.set()
-        thread.join(timeout=60)
         producer.close()
     ingest(lake, broker.bootstrap, idle_exit_s=1.5, runner=runner)
     assert read_table(lake, silver("task"))["task_id"].to_list() == [task.task_id]
@@ -196,6 +223,62 @@ def test_a_reward_worker_sends_again_a_task_whose_group_stays_incomplete_and_rec
     record = audit_task(lake, task.task_id)
     assert record["reassignments"] and record["reassignments"][0]["rollouts_missing"] == 1
     assert record["reassignments"][0]["held_s"] >= 1
+
+
+@pytest.mark.integration
+def test_a_reward_worker_reads_a_held_task_again_when_a_rebalance_gives_its_partition_back(broker, lake):
+    """A reward worker holds a task whose group is incomplete, its group's offset committed at the task's message.
+    Another member joins the group and leaves (subscribed to another topic, so the range assignment gives it none of
+    the worker's partitions): each rebalance revokes the worker's partitions and gives them back, and kafka-python
+    keeps a kept partition's position. The worker must read the task and its rollouts again, so that the last
+    rollout, sent after the rebalance, completes the group and it is scored. (It forgot them and never read them
+    again: an async resume's round waited for that score for ever.)"""
+    import threading
+
+    from kafka import KafkaConsumer
+    from kafka.coordinator.assignors.range import RangePartitionAssignor
+
+    from engine.coevolution import load_config
+    from engine.workers import RewardWorker
+    from streams import EventProducer, assigned_consumer
+
+    config = load_config("quick", None, [])
+    run_id = "rebalance"
+    task, rollouts = task_with_rollouts(config, run_id)
+    producer = EventProducer(broker.bootstrap)
+    producer.publish([task, *rollouts[:-1]])
+    reader = assigned_consumer(broker.bootstrap, ["genenv.tasks"])
+    records = []
+    while not records:
+        records = [r for batch in reader.poll(timeout_ms=500).values() for r in batch]
+    reader.close()
+    where = TopicPartition("genenv.tasks", records[0].partition)
+    worker = RewardWorker(config, lake, broker.bootstrap, run_id)
+    revoked = threading.Event()  # seen, not changed: the worker's own give_up runs, then this is set
+    give_up = worker.give_up
+    worker.give_up = lambda partitions: (give_up(partitions), partitions and revoked.set())  # joining revokes none
+    other = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap,
+        group_id=worker.group_id,
+        enable_auto_commit=False,
+        partition_assignment_strategy=[RangePartitionAssignor],
+    )
+    try:
+        with RunningWorker(worker):
+            deadline = time.monotonic() + 120
+            while other.committed(where) != records[0].offset and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert other.committed(where) == records[0].offset, "the worker holds the task: committed at its message"
+            other.subscribe(["genenv.reassignments"])
+            deadline = time.monotonic() + 120
+            while not revoked.is_set() and time.monotonic() < deadline:
+                other.poll(timeout_ms=500)
+            assert revoked.is_set(), "the other member's joining revoked the worker's partitions"
+            other.close()  # it leaves: the worker's partitions are revoked and given back again
+            producer.publish(rollouts[-1:])
+            wait_for(broker.bootstrap, "genenv.batches", "batch", task.task_id, timeout_s=120)
+    finally:
+        producer.close()
 
 
 def workers(run: subprocess.Popen, role: str) -> list[psutil.Process]:

@@ -376,12 +376,16 @@ class RewardWorker(Worker):
         return Rebalance()
 
     def give_up(self, revoked) -> None:
-        """Before partitions are taken away: commit what is done, forget what waits (their new owner reads it)."""
+        """Before partitions are taken away: commit what is done, forget what waits (their new owner reads it).
+        A partition given back to this member is read again from its first held message: kafka-python keeps a
+        kept partition's position, and what this forgets must come again (every partition, not only those whose
+        offset moved since the last commit: a task held across a rebalance was lost, and its round never ended)."""
         offsets = self.held.to_commit()
         if offsets:
             self.commit(offsets)
             self.held.committed(offsets)
-        self.rewind.update({tp: meta.offset for tp, meta in offsets.items() if tp in revoked})
+        positions = self.held.positions()
+        self.rewind.update({tp: positions[tp] for tp in revoked if tp in positions})
         self.pending.forget({tp.partition for tp in revoked})
         self.held.forget(revoked)
 
