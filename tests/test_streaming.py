@@ -232,7 +232,8 @@ def test_a_reward_worker_reads_a_held_task_again_when_a_rebalance_gives_its_part
     the worker's partitions): each rebalance revokes the worker's partitions and gives them back, and kafka-python
     keeps a kept partition's position. The worker must read the task and its rollouts again, so that the last
     rollout, sent after the rebalance, completes the group and it is scored. (It forgot them and never read them
-    again: an async resume's round waited for that score for ever.)"""
+    again, and a round whose task is never scored waits for ever: the likely cause of an async resume that hung in
+    CI with every worker polling.)"""
     import threading
 
     from kafka import KafkaConsumer
