@@ -372,6 +372,9 @@ class RewardWorker(Worker):
                 for tp in assigned:  # kept partitions keep their position: go back to what was committed
                     if tp in worker.rewind:
                         worker.consumer.seek(tp, worker.rewind.pop(tp))
+                # The others went to another member: if one comes back, it comes as a new partition, read from the
+                # group's committed offset, which a rewind kept from now would take back past another's work.
+                worker.rewind.clear()
 
         return Rebalance()
 
