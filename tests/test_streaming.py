@@ -249,10 +249,11 @@ def test_a_reward_worker_reads_a_held_task_again_when_a_rebalance_gives_its_part
     producer = EventProducer(broker.bootstrap)
     producer.publish([task, *rollouts[:-1]])
     reader = assigned_consumer(broker.bootstrap, ["genenv.tasks"])
-    records = []
-    while not records:
+    deadline, records = time.monotonic() + 60, []
+    while not records and time.monotonic() < deadline:
         records = [r for batch in reader.poll(timeout_ms=500).values() for r in batch]
     reader.close()
+    assert records, "the task is on genenv.tasks"
     where = TopicPartition("genenv.tasks", records[0].partition)
     worker = RewardWorker(config, lake, broker.bootstrap, run_id)
     revoked = threading.Event()  # seen, not changed: the worker's own give_up runs, then this is set
@@ -279,6 +280,7 @@ def test_a_reward_worker_reads_a_held_task_again_when_a_rebalance_gives_its_part
             producer.publish(rollouts[-1:])
             wait_for(broker.bootstrap, "genenv.batches", "batch", task.task_id, timeout_s=120)
     finally:
+        other.close()  # a second close does nothing
         producer.close()
 
 

@@ -372,9 +372,6 @@ class RewardWorker(Worker):
                 for tp in assigned:  # kept partitions keep their position: go back to what was committed
                     if tp in worker.rewind:
                         worker.consumer.seek(tp, worker.rewind.pop(tp))
-                # The others went to another member: if one comes back, it comes as a new partition, read from the
-                # group's committed offset, which a rewind kept from now would take back past another's work.
-                worker.rewind.clear()
 
         return Rebalance()
 
@@ -387,8 +384,11 @@ class RewardWorker(Worker):
         if offsets:
             self.commit(offsets)
             self.held.committed(offsets)
+        # Replaced, not added to, at every revocation (an eager rebalance revokes before each assignment): a partition
+        # that went to another member and comes back later comes as a new one, from the group's committed offset,
+        # which an older rewind would take back past the other member's work.
         positions = self.held.positions()
-        self.rewind.update({tp: positions[tp] for tp in revoked if tp in positions})
+        self.rewind = {tp: positions[tp] for tp in revoked if tp in positions}
         self.pending.forget({tp.partition for tp in revoked})
         self.held.forget(revoked)
 
