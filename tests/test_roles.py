@@ -106,3 +106,26 @@ def test_two_runs_of_one_config_sample_alike_and_another_seed_does_not(tmp_path)
     first = sampled("r1", 3)
     assert first == sampled("r2", 3)
     assert first != sampled("r1", 4)
+
+
+def test_the_simulator_samples_at_its_own_temperature_and_the_agent_at_the_runs(tmp_path):
+    """simulator_temperature changes what the simulator writes and nothing the agent samples."""
+    lake = Lake(tmp_path / "lake")
+
+    def sampled(simulator_temperature: float) -> tuple[list[str], list[list[int]]]:
+        config = load_config("quick", None, ["seed=3", f"simulator_temperature={simulator_temperature}"])
+        domain = get_domain(config.domain)
+        simulator, rollouts = Simulator(config, domain, "r1"), Rollouts(config, domain, "r1")
+        simulator.load(lake, 0)
+        rollouts.load(lake, 0)
+        written = simulator.write(0, 2, [])
+        tasks = [
+            GeneratedTask(f"r1-e0-t{i}", "r1-e0-b0", "", text, task, "0", 0)
+            for i, (_, text, task) in enumerate(domain.seeds(random.Random(0), 2))
+        ]
+        return [t.generation for t in written], [r.completion_token_ids for r in rollouts.roll_out(tasks, 0)]
+
+    cool_requests, cool_rollouts = sampled(0.7)
+    hot_requests, hot_rollouts = sampled(2.0)
+    assert cool_requests != hot_requests
+    assert cool_rollouts == hot_rollouts

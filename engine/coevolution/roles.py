@@ -185,6 +185,11 @@ class ModelRole:
     def base_model(self) -> str:
         return self.config.agent_model if self.kind == "agent" else self.config.env_model
 
+    @property
+    def temperature(self) -> float:
+        """What the role samples at."""
+        return self.config.simulator_temperature if self.kind == "env" else self.config.temperature
+
     def load(self, lake: Lake, version: int, sha256: str | None = None) -> None:
         """The model at `version` (0: the base model). With `sha256`, the checkpoint a CheckpointPublished event
         names (checked against that hash); without, the one the registry holds. A model already loaded at that
@@ -234,7 +239,7 @@ class ModelRole:
             return []
         cfg = self.config
         sampling = SamplingConfig(
-            max_new_tokens=max_new_tokens, temperature=0.0 if greedy else cfg.temperature, seed=cfg.seed
+            max_new_tokens=max_new_tokens, temperature=0.0 if greedy else self.temperature, seed=cfg.seed
         )
         return self.backend().generate(prompts, sampling, seeds=seeds, progress=progress, grammars=grammars)
 
