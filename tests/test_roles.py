@@ -109,7 +109,8 @@ def test_two_runs_of_one_config_sample_alike_and_another_seed_does_not(tmp_path)
 
 
 def test_the_simulator_samples_at_its_own_temperature_and_the_agent_at_the_runs(tmp_path):
-    """simulator_temperature changes what the simulator writes and nothing the agent samples."""
+    """simulator_temperature changes what the simulator writes and nothing the agent samples; 0 is the run's
+    temperature."""
     lake = Lake(tmp_path / "lake")
 
     def sampled(simulator_temperature: float) -> tuple[list[str], list[list[int]]]:
@@ -129,3 +130,4 @@ def test_the_simulator_samples_at_its_own_temperature_and_the_agent_at_the_runs(
     hot_requests, hot_rollouts = sampled(2.0)
     assert cool_requests != hot_requests
     assert cool_rollouts == hot_rollouts
+    assert sampled(0.0) == sampled(1.0)  # 0: the run's temperature (the quick profile's 1.0)

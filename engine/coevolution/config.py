@@ -54,8 +54,8 @@ class RunConfig:
     # The simulator's own sampling temperature. RWR is a weighted likelihood of the simulator's samples, and samples
     # drawn below 1.0 are sharper than the model that drew them, so each update sharpens its choice even where the
     # weights are all equal: at 0.7 the warm start's (b) went from 0.42 to 0.76 of the letter in three updates,
-    # at 1.0 to 0.54 (docs/RESULTS.md, e134 and e135).
-    simulator_temperature: float = 0.7
+    # at 1.0 to 0.54 (docs/RESULTS.md, e134 and e135). 0: the run's `temperature`, as before it had its own.
+    simulator_temperature: float = 0.0
     agent_max_new_tokens: int = 72  # toolcall's hardest level: three calls, up to ~63 tokens
     env_max_new_tokens: int = 64  # a request that states every value of three calls
     generation_batch_size: int = 32
@@ -205,8 +205,8 @@ class RunConfig:
             raise ValueError(f"final_bfcl_items must be >= 0, got {self.final_bfcl_items}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.simulator_temperature <= 0:
-            raise ValueError(f"simulator_temperature must be > 0, got {self.simulator_temperature}")
+        if self.simulator_temperature < 0:
+            raise ValueError(f"simulator_temperature must be >= 0 (0: temperature's), got {self.simulator_temperature}")
         if not 0 <= self.simulator_explore <= 1:
             raise ValueError(f"simulator_explore must be in [0, 1], got {self.simulator_explore}")
         if self.simulator_explore and not getattr(get_domain(self.domain, self.seeds_path), "choices", 0):

@@ -187,8 +187,9 @@ class ModelRole:
 
     @property
     def temperature(self) -> float:
-        """What the role samples at."""
-        return self.config.simulator_temperature if self.kind == "env" else self.config.temperature
+        """What the role samples at: the simulator at `simulator_temperature` where one is set."""
+        cfg = self.config
+        return (cfg.simulator_temperature or cfg.temperature) if self.kind == "env" else cfg.temperature
 
     def load(self, lake: Lake, version: int, sha256: str | None = None) -> None:
         """The model at `version` (0: the base model). With `sha256`, the checkpoint a CheckpointPublished event
