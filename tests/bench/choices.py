@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/bench/choices.py LAKE [--versions 0,1,2,3,4] [--prompts 40]
 
-For each env checkpoint, the mean over the run's simulator prompts (d_env's `sim_prompt`, an even spread of at most
+For each env checkpoint, the mean over the run's simulator prompts (d_env's `sim_prompt`, an even spread of about
 `--prompts` of them) of the next-token distribution after "(" renormalised over the letters a-d: what the simulator
 would choose at sampling temperature 1.0, and, in the same pass, at the run's 0.7 (each prompt's distribution to the
 power 1/0.7, renormalised). Measured this way instead of counting a run's chosen letters, which a run draws only 20 of
