@@ -84,28 +84,29 @@ def test_no_module_calls_another_modules_private_names():
     assert not offenders, offenders
 
 
+def sampled(lake: Lake, run_id: str, overrides: list[str]) -> tuple[list[str], list[list[int]]]:
+    """What a quick run's simulator writes in epoch 0 (two requests) and its agent's rollouts of two seed tasks."""
+    config = load_config("quick", None, overrides)
+    domain = get_domain(config.domain)
+    simulator, rollouts = Simulator(config, domain, run_id), Rollouts(config, domain, run_id)
+    simulator.load(lake, 0)
+    rollouts.load(lake, 0)
+    written = simulator.write(0, 2, [])
+    seeds = domain.seeds(random.Random(0), 2)  # tasks the agent can attempt, named as a run names its tasks
+    tasks = [
+        GeneratedTask(f"{run_id}-e0-t{i}", f"{run_id}-e0-b0", "", text, task, "0", 0)
+        for i, (_, text, task) in enumerate(seeds)
+    ]
+    return [t.generation for t in written], [r.completion_token_ids for r in rollouts.roll_out(tasks, 0)]
+
+
 def test_two_runs_of_one_config_sample_alike_and_another_seed_does_not(tmp_path):
     """No sampling seed takes the run id: the simulator's generations and the agent's rollouts of a run named r1
     are those of the same config named r2 (so `genenv run` repeats), and a run at another seed draws others."""
     lake = Lake(tmp_path / "lake")
-
-    def sampled(run_id: str, seed: int) -> tuple[list[str], list[list[int]]]:
-        config = load_config("quick", None, [f"seed={seed}"])
-        domain = get_domain(config.domain)
-        simulator, rollouts = Simulator(config, domain, run_id), Rollouts(config, domain, run_id)
-        simulator.load(lake, 0)
-        rollouts.load(lake, 0)
-        written = simulator.write(0, 2, [])
-        seeds = domain.seeds(random.Random(0), 2)  # tasks the agent can attempt, named as a run names its tasks
-        tasks = [
-            GeneratedTask(f"{run_id}-e0-t{i}", f"{run_id}-e0-b0", "", text, task, "0", 0)
-            for i, (_, text, task) in enumerate(seeds)
-        ]
-        return [t.generation for t in written], [r.completion_token_ids for r in rollouts.roll_out(tasks, 0)]
-
-    first = sampled("r1", 3)
-    assert first == sampled("r2", 3)
-    assert first != sampled("r1", 4)
+    first = sampled(lake, "r1", ["seed=3"])
+    assert first == sampled(lake, "r2", ["seed=3"])
+    assert first != sampled(lake, "r1", ["seed=4"])
 
 
 def test_the_simulator_samples_at_its_own_temperature_and_the_agent_at_the_runs(tmp_path):
@@ -113,21 +114,11 @@ def test_the_simulator_samples_at_its_own_temperature_and_the_agent_at_the_runs(
     temperature."""
     lake = Lake(tmp_path / "lake")
 
-    def sampled(simulator_temperature: float) -> tuple[list[str], list[list[int]]]:
-        config = load_config("quick", None, ["seed=3", f"simulator_temperature={simulator_temperature}"])
-        domain = get_domain(config.domain)
-        simulator, rollouts = Simulator(config, domain, "r1"), Rollouts(config, domain, "r1")
-        simulator.load(lake, 0)
-        rollouts.load(lake, 0)
-        written = simulator.write(0, 2, [])
-        tasks = [
-            GeneratedTask(f"r1-e0-t{i}", "r1-e0-b0", "", text, task, "0", 0)
-            for i, (_, text, task) in enumerate(domain.seeds(random.Random(0), 2))
-        ]
-        return [t.generation for t in written], [r.completion_token_ids for r in rollouts.roll_out(tasks, 0)]
+    def at(simulator_temperature: float) -> tuple[list[str], list[list[int]]]:
+        return sampled(lake, "r1", ["seed=3", f"simulator_temperature={simulator_temperature}"])
 
-    cool_requests, cool_rollouts = sampled(0.7)
-    hot_requests, hot_rollouts = sampled(2.0)
+    cool_requests, cool_rollouts = at(0.7)
+    hot_requests, hot_rollouts = at(2.0)
     assert cool_requests != hot_requests
     assert cool_rollouts == hot_rollouts
-    assert sampled(0.0) == sampled(1.0)  # 0: the run's temperature (the quick profile's 1.0)
+    assert at(0.0) == at(1.0)  # 0: the run's temperature (the quick profile's 1.0)
