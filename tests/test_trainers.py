@@ -772,6 +772,23 @@ def test_a_manual_update_continues_the_options_of_the_update_it_extends(pool_lak
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_a_decaying_schedule_stays_at_zero_past_max_steps(schedule):
+    """A lineage that runs past max_steps (more updates than planned, a resumed run) trains no further, where
+    transformers' cosine would climb back to the full learning rate over the next max_steps."""
+    import torch
+
+    from trainers.loop import OptimConfig, lr_schedule
+
+    config = OptimConfig(learning_rate=1e-3, lr_scheduler_type=schedule, warmup_steps=2, max_steps=10)
+    rates = {}
+    for start in (5, 10, 15, 19):
+        optimiser = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=config.learning_rate)
+        rates[start] = lr_schedule(optimiser, config, start).get_last_lr()[0]
+    assert 0 < rates[5] < 1e-3 and rates[10] == rates[15] == rates[19] == 0.0, rates
+
+
+@pytest.mark.unit
 def test_a_step_is_the_mean_of_the_micro_batches_it_has():
     """Steps of gradient_accumulation_steps micro-batches, the last one of a pass taking what is left, each the
     mean over its own micro-batches: 4 micro-batches with accumulation 3 are steps of 3 and 1 in each pass."""

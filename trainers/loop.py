@@ -113,6 +113,8 @@ def lr_schedule(optimiser, config: OptimConfig, start: int):
     scheduler = get_scheduler(
         config.schedule, optimiser, num_warmup_steps=config.warmup, num_training_steps=config.max_steps or None
     )
+    if config.max_steps:  # transformers' cosine climbs again past num_training_steps: held where it ended instead
+        scheduler.lr_lambdas = [lambda step, f=f: f(min(step, config.max_steps)) for f in scheduler.lr_lambdas]
     if start:
         with warnings.catch_warnings():  # stepped before the optimiser on purpose: it resumes a lineage
             warnings.simplefilter("ignore", UserWarning)
