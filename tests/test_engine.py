@@ -97,6 +97,26 @@ def test_the_warm_starts_seed_scores_never_take_the_names_of_epoch_0s_level_grou
     assert not {s.batch_id for s in seed_scores} & {s.batch_id for s in epoch_scores}
 
 
+@pytest.mark.unit
+def test_dynamic_sampling_refills_only_up_to_the_groups_the_update_trains():
+    """A refill round writes tasks for the mixed groups still missing: tasks_per_epoch of them, or agent.max_groups
+    where that is set, since the update trains no more than that (a refill beyond it is rollouts nobody trains)."""
+    from engine.coevolution.sync import refill_shortfall
+    from streams.events import RewardScored
+
+    def group(task_id: str, rewards: list[float]) -> list[RewardScored]:
+        return [
+            RewardScored(run_id="r", epoch=0, rollout_id=f"{task_id}-{i}", task_id=task_id, reward=x, success=x > 0)
+            for i, x in enumerate(rewards)
+        ]
+
+    rewards = group("mixed-a", [1, 0]) + group("mixed-b", [0, 1]) + group("solved", [1, 1]) + group("failed", [0, 0])
+    assert refill_shortfall(rewards, tasks_per_epoch=4, max_groups=0) == 2  # every group trains: two more wanted
+    assert refill_shortfall(rewards, tasks_per_epoch=4, max_groups=3) == 1
+    assert refill_shortfall(rewards, tasks_per_epoch=4, max_groups=2) == 0  # the update trains two; it has them
+    assert refill_shortfall(rewards, tasks_per_epoch=1, max_groups=8) == 0
+
+
 # -- the checkers --------------------------------------------------------------------------------------
 
 MALICIOUS = [

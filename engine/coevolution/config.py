@@ -66,9 +66,9 @@ class RunConfig:
     simulator_explore: float = 0.0
     max_generation_attempts: int = 4  # rounds of simulator generation to reach tasks_per_epoch valid tasks
     # Dynamic sampling (DAPO; verl's filter_groups): up to this many rounds of new tasks an epoch in place of groups
-    # whose rollouts all agree (no GRPO advantage), until tasks_per_epoch groups are mixed. 0: none. A round costs
-    # about as much as the epoch's own rollouts and gave about one mixed group (docs/RESULTS.md, e9), so the default
-    # spends that time on epochs instead.
+    # whose rollouts all agree (no GRPO advantage), until tasks_per_epoch groups are mixed, or agent.max_groups where
+    # that is set (the update trains no more). 0: none. A round costs about as much as the epoch's own rollouts and
+    # gave about one mixed group (docs/RESULTS.md, e9), so the default spends that time on epochs instead.
     refill_rounds: int = 0
     validation_size: int = 200  # held-out tasks scored greedily (in batches) before training and after the last epoch
     # After the other epochs' updates, only the first validation_subset of them (stratified by level like the whole

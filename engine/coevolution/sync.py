@@ -449,7 +449,7 @@ class CoEvolution:
         # up to refill_rounds rounds of new tasks take the place of those groups before the update.
         refills = 0
         for round_ in range(1, cfg.refill_rounds + 1):
-            short = cfg.tasks_per_epoch - informative_groups(rewards)
+            short = refill_shortfall(rewards, cfg.tasks_per_epoch, cfg.agent.max_groups)
             if short <= 0 or epoch in self.landed:
                 break
             more, more_valid = self.simulator.refill(
@@ -591,6 +591,13 @@ def informative_groups(rewards: list[RewardScored]) -> int:
     for r in rewards:
         by_task.setdefault(r.task_id, set()).add(r.reward)
     return sum(len(values) > 1 for values in by_task.values())
+
+
+def refill_shortfall(rewards: list[RewardScored], tasks_per_epoch: int, max_groups: int) -> int:
+    """How many more mixed groups dynamic sampling should write tasks for: the update trains at most max_groups
+    of them (0: every one), so once that many are mixed a refill would only add rollouts nobody trains on."""
+    wanted = min(tasks_per_epoch, max_groups) if max_groups else tasks_per_epoch
+    return max(0, wanted - informative_groups(rewards))
 
 
 def _bounds(successes) -> dict:
