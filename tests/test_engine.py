@@ -27,8 +27,10 @@ from engine.coevolution import (
     score_groups,
     to_toml,
 )
+from engine.coevolution.sync import refill_shortfall
 from engine.domains import Task, get_domain
 from lake import CHECKPOINTS, Lake, read_pool, read_table, silver
+from streams.events import RewardScored
 
 # -- the alpha-curriculum ----------------------------------------------------------------------------
 
@@ -101,8 +103,6 @@ def test_the_warm_starts_seed_scores_never_take_the_names_of_epoch_0s_level_grou
 def test_dynamic_sampling_refills_only_up_to_the_groups_the_update_trains():
     """A refill round writes tasks for the mixed groups still missing: tasks_per_epoch of them, or agent.max_groups
     where that is set, since the update trains no more than that (a refill beyond it is rollouts nobody trains)."""
-    from engine.coevolution.sync import refill_shortfall
-    from streams.events import RewardScored
 
     def group(task_id: str, rewards: list[float]) -> list[RewardScored]:
         return [
