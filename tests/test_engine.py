@@ -263,6 +263,7 @@ def test_config_layers_and_one_line_errors(tmp_path):
         (["group_size=1"], "group_size"),
         (["simulator_explore=1.5"], "simulator_explore must be in"),
         (["domain=arith", "simulator_explore=0.3"], "simulator_explore needs a domain"),
+        (["env.temperature=0.5"], "env.temperature must equal the simulator's sampling temperature"),
     ]:
         with pytest.raises(ValueError, match=message):
             load_config("quick", None, sets)
@@ -270,6 +271,19 @@ def test_config_layers_and_one_line_errors(tmp_path):
     bad.write_text("epochs = [")
     with pytest.raises(ValueError, match="not valid TOML"):
         load_config("quick", bad)
+
+
+@pytest.mark.unit
+def test_each_trainer_scores_at_the_temperature_its_role_samples_at():
+    """GRPO's logprobs and RWR's likelihood are taken at the temperature the rollouts and the tasks were drawn at,
+    which follows the run's options wherever they are set."""
+    default = load_config("default")
+    assert default.agent.temperature == default.env.temperature == default.temperature == 0.7
+    hotter = load_config("default", None, ["simulator_temperature=1.0"])
+    assert (hotter.agent.temperature, hotter.env.temperature) == (0.7, 1.0)
+    both = load_config("default", None, ["temperature=0.9"])
+    assert (both.agent.temperature, both.env.temperature) == (0.9, 0.9)
+    assert load_config("quick").env.temperature == 1.0  # the profile samples at 1.0
 
 
 @pytest.mark.unit

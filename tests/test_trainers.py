@@ -403,6 +403,35 @@ def test_rwr_moves_the_simulator_toward_high_weight_generations():
 
 
 @pytest.mark.unit
+def test_rwr_scores_the_generations_at_the_temperature_they_were_sampled_at():
+    """The weighted NLL is of the tempered distribution the simulator sampled from (logits / temperature): fitted
+    at 1.0, samples drawn at 0.5 would pull the model towards their sharper distribution whatever the weights."""
+    simulator = load_model("tiny", seed=1)
+    prompt = render_prompt(simulator.tokenizer, "write a task")
+    generations = sample(simulator, [prompt], 4, seed=5)
+    rows = pl.DataFrame(
+        {"prompt": [g.prompt for g in generations], "text": [g.text for g in generations], "env_reward": [1.0] * 4}
+    )
+    losses = {}
+    for temperature in (1.0, 0.5):
+        config = RWRConfig(per_device_train_batch_size=4, kl_coef=0.0, temperature=temperature)
+        trainer = RWRTrainer(simulator.model, simulator.tokenizer, config)
+        (batch,) = trainer.micro_batches(rows)
+        with torch.no_grad():
+            (loss, _), *_ = trainer.loss(batch, simulator.model)
+            tokens = batch.tokens
+            logits = simulator.model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask).logits.float()
+            logits = logits / temperature
+        mask = batch.tokens.completion_mask.float()
+        completion = torch.log_softmax(logits[:, :-1], -1).gather(-1, tokens.input_ids[:, 1:, None])[..., 0]
+        completion = completion[:, -mask.shape[1] :]
+        expected = (-(completion * mask).sum(-1) / mask.sum(-1)).mean()
+        assert loss.item() == pytest.approx(expected.item(), rel=1e-4)
+        losses[temperature] = loss.item()
+    assert losses[0.5] != pytest.approx(losses[1.0], rel=1e-2)
+
+
+@pytest.mark.unit
 def test_rwr_trains_on_the_band_or_on_every_valid_generation_weighted_towards_it():
     rows = pl.DataFrame(
         {

@@ -46,13 +46,18 @@ class RWRConfig(OptimConfig):
     # (the rows new since the parent's pool version). RWR's weights over a handful of rows put the whole update on
     # one or two generations (an effective sample size of 1-2).
     min_rows: int = 1
+    # The temperature the generations were sampled at, which their log-likelihood is scored at (as GRPO's logprobs
+    # are, TRL's `temperature`). RWR fits the policy that samples to its own samples tilted by the weights; scored
+    # at 1.0, samples drawn at 0.7 are sharper than the model that fits them, so an update sharpened the simulator's
+    # choice even where every weight was equal (docs/RESULTS.md, e134 and e135).
+    temperature: float = 1.0
 
     def check(self) -> None:
         super().check()
         if self.min_rows < 1:
             raise ValueError(f"min_rows must be >= 1, got {self.min_rows}")
-        if self.weight_temperature <= 0 or self.kl_coef < 0 or self.num_train_epochs < 1:
-            raise ValueError("weight_temperature must be > 0, kl_coef >= 0 and num_train_epochs >= 1")
+        if self.weight_temperature <= 0 or self.kl_coef < 0 or self.num_train_epochs < 1 or self.temperature <= 0:
+            raise ValueError("weight_temperature and temperature must be > 0, kl_coef >= 0 and num_train_epochs >= 1")
 
 
 @dataclass
@@ -91,12 +96,12 @@ class RWRTrainer(Trainer):
         batches = []
         for indices in rank_batches(order, cfg.per_device_train_batch_size, self.rank, self.world):
             tokens = pack([prompts[i] for i in indices], [generations[i] for i in indices], tok.pad_token_id)
-            batches.append(MicroBatch(tokens, weights[indices], self.reference_logps(tokens)))
+            batches.append(MicroBatch(tokens, weights[indices], self.reference_logps(tokens, cfg.temperature)))
         return batches
 
     def loss(self, mb: MicroBatch, model):
         with self.compute():
-            logps = completion_logps(model, mb.tokens)
+            logps = completion_logps(model, mb.tokens, self.config.temperature)
         on = lambda t: None if t is None else t.to(logps.device)  # noqa: E731
         # rwr_loss takes weights that sum to 1; these average 1, so divide by the micro-batch size.
         weights = on(mb.weights / len(mb.weights))

@@ -51,10 +51,8 @@ class RunConfig:
     # miscopies values even in clean requests, so most groups of the simulator's tasks were all wrong
     # (docs/RESULTS.md, e18)
     temperature: float = 0.7
-    # The simulator's own sampling temperature. RWR is a weighted likelihood of the simulator's samples, and samples
-    # drawn below 1.0 are sharper than the model that drew them, so each update sharpens its choice even where the
-    # weights are all equal: at 0.7 the warm start's (b) went from 0.42 to 0.76 of the letter in three updates,
-    # at 1.0 to 0.54 (docs/RESULTS.md, e134 and e135). 0: the run's `temperature`, as before it had its own.
+    # The simulator's own sampling temperature (0: the run's `temperature`). Its RWR updates score the generations
+    # at it (`env.temperature` follows it, as `agent.temperature` follows `temperature`).
     simulator_temperature: float = 0.0
     agent_max_new_tokens: int = 72  # toolcall's hardest level: three calls, up to ~63 tokens
     env_max_new_tokens: int = 64  # a request that states every value of three calls
@@ -157,6 +155,7 @@ class RunConfig:
             band_only=False,
             weight_temperature=0.5,
             min_rows=16,
+            temperature=0.7,
             gradient_checkpointing=True,
             freeze_embeddings=True,
         )
@@ -233,6 +232,15 @@ class RunConfig:
             raise ValueError(
                 "agent.temperature must equal temperature (the logprobs are recorded at the sampling temperature)"
             )
+        if self.env.temperature != self.simulator_sampling_temperature:
+            raise ValueError(
+                "env.temperature must equal the simulator's sampling temperature (simulator_temperature, or "
+                "temperature where that is 0): RWR scores the generations at the temperature they were drawn at"
+            )
+
+    @property
+    def simulator_sampling_temperature(self) -> float:
+        return self.simulator_temperature or self.temperature
 
     @property
     def precision(self) -> Precision:
@@ -388,8 +396,12 @@ def override(config: RunConfig, items: list[tuple[str, object]], text: bool = Fa
                 changes[section] = apply_values(getattr(config, section), values, text)
             except OverrideError as exc:
                 raise OverrideError(f"{section}.{exc}") from None
-    if "temperature" in {name.strip() for name in top}:  # the agent's logprob temperature follows
+    named = {name.strip() for name in top}
+    if "temperature" in named:  # the agent's logprob temperature follows
         changes["agent"] = dataclasses.replace(changes.get("agent", config.agent), temperature=config.temperature)
+    if named & {"temperature", "simulator_temperature"}:  # and the simulator's
+        sampled_at = config.simulator_sampling_temperature
+        changes["env"] = dataclasses.replace(changes.get("env", config.env), temperature=sampled_at)
     return dataclasses.replace(config, **changes)
 
 

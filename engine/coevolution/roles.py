@@ -189,7 +189,7 @@ class ModelRole:
     def temperature(self) -> float:
         """What the role samples at: the simulator at `simulator_temperature` where one is set."""
         cfg = self.config
-        return (cfg.simulator_temperature or cfg.temperature) if self.kind == "env" else cfg.temperature
+        return cfg.simulator_sampling_temperature if self.kind == "env" else cfg.temperature
 
     def load(self, lake: Lake, version: int, sha256: str | None = None) -> None:
         """The model at `version` (0: the base model). With `sha256`, the checkpoint a CheckpointPublished event
