@@ -422,7 +422,7 @@ def test_rwr_scores_the_generations_at_the_temperature_they_were_sampled_at():
             tokens = batch.tokens
             logits = simulator.model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask).logits.float()
             logits = logits / temperature
-        mask = batch.tokens.completion_mask.float()
+        mask = tokens.completion_mask.float()
         completion = torch.log_softmax(logits[:, :-1], -1).gather(-1, tokens.input_ids[:, 1:, None])[..., 0]
         completion = completion[:, -mask.shape[1] :]
         expected = (-(completion * mask).sum(-1) / mask.sum(-1)).mean()

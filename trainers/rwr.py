@@ -49,7 +49,8 @@ class RWRConfig(OptimConfig):
     # The temperature the generations were sampled at, which their log-likelihood is scored at (as GRPO's logprobs
     # are, TRL's `temperature`). RWR fits the policy that samples to its own samples tilted by the weights; scored
     # at 1.0, samples drawn at 0.7 are sharper than the model that fits them, so an update sharpened the simulator's
-    # choice even where every weight was equal (docs/RESULTS.md, e134 and e135).
+    # choice even where every weight was equal (docs/RESULTS.md, e134 and e135; scored at 0.7 it drifted less onto
+    # one letter and gained as much, "e151-e156").
     temperature: float = 1.0
 
     def check(self) -> None:
