@@ -432,6 +432,27 @@ def test_rwr_scores_the_generations_at_the_temperature_they_were_sampled_at():
 
 
 @pytest.mark.unit
+def test_rwr_takes_its_kl_reference_at_the_sampling_temperature_too():
+    """The KL term compares the two tempered distributions: the reference's logprobs are of its logits / temperature."""
+    simulator, reference = load_model("tiny", seed=1), load_model("tiny", seed=2)
+    prompt = render_prompt(simulator.tokenizer, "write a task")
+    generations = sample(simulator, [prompt], 4, seed=5)
+    rows = pl.DataFrame(
+        {"prompt": [g.prompt for g in generations], "text": [g.text for g in generations], "env_reward": [1.0] * 4}
+    )
+    config = RWRConfig(per_device_train_batch_size=4, kl_coef=0.05, temperature=0.5)
+    trainer = RWRTrainer(simulator.model, simulator.tokenizer, config, ref_model=reference.model)
+    (batch,) = trainer.micro_batches(rows)
+    tokens = batch.tokens
+    with torch.no_grad():
+        logits = reference.model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask).logits.float() / 0.5
+    mask = tokens.completion_mask.bool()
+    expected = torch.log_softmax(logits[:, :-1], -1).gather(-1, tokens.input_ids[:, 1:, None])[..., 0]
+    expected = expected[:, -mask.shape[1] :]
+    assert torch.allclose(batch.ref_logps.float()[mask], expected[mask], atol=1e-4)
+
+
+@pytest.mark.unit
 def test_rwr_trains_on_the_band_or_on_every_valid_generation_weighted_towards_it():
     rows = pl.DataFrame(
         {
