@@ -306,6 +306,7 @@ def d_env_row(task: dict, batch: dict) -> dict:
         "env_model_version": task["env_model_version"],
         "sim_prompt": task["sim_prompt"],
         "raw_generation": task["raw_generation"],
+        "temperature": task.get("temperature"),
         "task_prompt": task["task_prompt"],
         "valid": task["valid"],
         "difficulty_json": task["difficulty_json"],

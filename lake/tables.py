@@ -129,6 +129,7 @@ D_ENV_SCHEMA = pa.schema(
         pa.field("env_model_version", pa.string(), nullable=False),
         pa.field("sim_prompt", pa.string(), nullable=False),
         pa.field("raw_generation", pa.string(), nullable=False),
+        pa.field("temperature", pa.float64()),  # the sampling temperature (null: not recorded, seed tasks)
         pa.field("task_prompt", pa.string()),
         pa.field("valid", pa.bool_(), nullable=False),
         pa.field("difficulty_json", pa.string()),

@@ -95,6 +95,7 @@ class TaskGenerated(Event):
     reference_json: str = "null"
     difficulty_json: str = "{}"
     offered_json: str = "[]"  # the difficulty levels the simulator's request offered to choose from (toolcall)
+    temperature: float | None = None  # what the generation was sampled at (None: not generated, a seed task)
     valid: bool = True
     invalid_reason: str | None = None
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import ROOT, genenv_inline
+from conftest import ROOT, genenv_cli, genenv_inline
 
 from engine.coevolution import (
     CurriculumConfig,
@@ -427,6 +427,43 @@ def test_every_p_hat_and_env_reward_can_be_recomputed_from_its_rows(quick_run):
     by_batch = {t: b for b in batches.iter_rows(named=True) for t in b["task_ids"]}
     for row in d_env.iter_rows(named=True):
         assert row["p_hat"] == by_batch[row["task_id"]]["p_hat"]
+        # what RWR scores each generation at, recorded where it was sampled (seed tasks were not)
+        generated = row["env_model_version"] != "seed"
+        assert row["temperature"] == (config.simulator_sampling_temperature if generated else None)
+
+
+@pytest.mark.e2e
+def test_a_manual_update_after_a_warm_start_takes_the_options_of_the_run_that_made_it(quick_run, broker, tmp_path):
+    """`genenv train env` from the simulator's warm start (no update in its lineage to inherit from) continues the
+    run: the simulator options its recorded configuration holds, the temperature it samples at among them, where
+    RWRConfig's defaults would score the run's generations at 1.0 whatever they were sampled at."""
+    import shutil
+
+    from trainers import RWRConfig, manifest, registry
+
+    lake, _ = quick_run
+    copy = Lake(shutil.copytree(lake.root, tmp_path / "lake"), create=False)
+    checkpoints = registry(copy, "env")
+    (warm,) = [v for v in checkpoints["version"] if manifest(copy, "env", v)["metrics"].get("warm_start")]
+    run_id = checkpoints.filter(pl.col("version") == warm)["run_id"].item()
+    options = recorded_run_config(copy, run_id).env
+    assert options != RWRConfig()  # the quick profile's learning rate and batch: a test that can tell them apart
+    # the quick run's rows are out of its band by now: band_only=false gives this update rows to train on
+    sets = ["--set", "seed=5", "--set", "band_only=false"]
+    result = genenv_cli(
+        "train", "env", "--lake", copy.root, "--parent", str(warm), "--bootstrap", broker.bootstrap, *sets
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"options: those of run {run_id}'s configuration, with --set" in result.stdout
+    (written,) = [
+        p
+        for p in (Path(copy.root) / "checkpoints" / "env").iterdir()
+        if p.name not in {f"v{v}" for v in checkpoints["version"]}
+    ]
+    lineage = json.loads((written / "genenv.json").read_text())
+    assert lineage["parent_version"] == warm
+    recorded = json.loads(json.dumps(dataclasses.asdict(options)))
+    assert lineage["config"] == {**recorded, "seed": 5, "band_only": False}
 
 
 @pytest.mark.unit

@@ -397,7 +397,7 @@ def test_rwr_moves_the_simulator_toward_high_weight_generations():
                 for i, g in enumerate(generations)
             ]
         )
-        trainer.train(select_generations(rows)[0])
+        trainer.train(select_generations(rows, config)[0])
     after = mean_reward(sample(simulator, [prompt], 64, seed=999))
     assert after > 2 * before and after > 0.1, (before, after)
 
@@ -465,12 +465,36 @@ def test_rwr_trains_on_the_band_or_on_every_valid_generation_weighted_towards_it
             "env_reward": [1.0, 0.0821, 0.0821, 0.0],
         }
     )
-    kept, dropped = select_generations(rows)  # the paper's filter
+    kept, dropped = select_generations(rows, RWRConfig(band_only=True))  # the paper's filter
     assert kept["text"].to_list() == ["in band"] and dropped == {"filtered": 2, "invalid": 1}
-    kept, dropped = select_generations(rows, band_only=False)
+    kept, dropped = select_generations(rows, RWRConfig(band_only=False))
     assert kept["text"].to_list() == ["in band", "solved every time", "never solved"] and dropped == {"invalid": 1}
     weights = rwr_weights(torch.tensor(kept["env_reward"].to_list()), 0.5)
     assert weights[0] > 5 * weights[1] and weights[1] == weights[2]  # the band still counts most
+
+
+@pytest.mark.unit
+def test_rwr_leaves_out_generations_sampled_at_another_temperature():
+    """Their likelihood would be scored under another softmax than the one that drew them, as GRPO's rollouts of
+    another temperature are left out; rows that record none (seed tasks, older lakes) are kept."""
+    rows = pl.DataFrame(
+        {
+            "batch_id": ["b"] * 4,
+            "task_id": ["t0", "t1", "t2", "t3"],
+            "valid": [True, True, True, False],
+            "filtered": [False] * 4,
+            "sim_prompt": ["p"] * 4,
+            "raw_generation": ["at 0.7", "at 1.0", "not recorded", "junk at 1.0"],
+            "temperature": [0.7, 1.0, None, 1.0],
+            "env_reward": [1.0] * 4,
+        }
+    )
+    kept, dropped = select_generations(rows, RWRConfig(temperature=0.7))
+    assert kept["text"].to_list() == ["at 0.7", "not recorded"]
+    assert dropped == {"other_temperature": 1, "invalid": 1}
+    kept, dropped = select_generations(rows, RWRConfig(temperature=1.0))
+    assert kept["text"].to_list() == ["at 1.0", "not recorded"]
+    assert dropped == {"other_temperature": 1, "invalid": 1}
 
 
 @pytest.mark.unit

@@ -68,13 +68,19 @@ class MicroBatch:
     ref_logps: torch.Tensor | None
 
 
-def select_rows(rows: pl.DataFrame, band_only: bool = True) -> tuple[pl.DataFrame, Counter]:
+def select_rows(rows: pl.DataFrame, config: RWRConfig) -> tuple[pl.DataFrame, Counter]:
     """d_env rows the simulator is trained on, as (prompt, text, env_reward); the others counted by why. Without
-    band_only, rows outside the band are kept (`RWRConfig.band_only`)."""
-    left_out = pl.col("filtered") if band_only else pl.lit(False)
-    counts = rows.select(filtered=left_out.sum(), invalid=(~pl.col("valid") & ~left_out).sum()).row(0, named=True)
+    `band_only`, rows outside the band are kept. A generation sampled at another temperature than the one the
+    update scores at is left out, as GRPO leaves out such rollouts: its likelihood would be of another softmax.
+    Rows that record none (seed tasks, lakes from before TaskGenerated had it) are scored at `temperature`."""
+    left_out = pl.col("filtered") if config.band_only else pl.lit(False)
+    sampled_at = pl.col("temperature") if "temperature" in rows.columns else pl.lit(None, pl.Float64)
+    other = (sampled_at - config.temperature).abs().gt(1e-9).fill_null(False) & pl.col("valid") & ~left_out
+    counts = rows.select(
+        filtered=left_out.sum(), invalid=(~pl.col("valid") & ~left_out).sum(), other_temperature=other.sum()
+    ).row(0, named=True)
     dropped = Counter({why: int(n) for why, n in counts.items()})
-    kept = rows.filter(pl.col("valid") & ~left_out).sort(["batch_id", "task_id"])
+    kept = rows.filter(pl.col("valid") & ~left_out & ~other).sort(["batch_id", "task_id"])
     return kept.select(
         pl.col("sim_prompt").alias("prompt"), pl.col("raw_generation").alias("text"), "env_reward"
     ), +dropped

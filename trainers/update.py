@@ -285,7 +285,7 @@ def select_update_rows(
         return warm_start_rows(kind, rows), Counter()
     if kind == "agent":
         return grpo.select_rows(rows, parent, config)
-    selected, dropped = rwr.select_rows(rows, config.band_only)
+    selected, dropped = rwr.select_rows(rows, config)
     if 0 < selected.height < config.min_rows:
         raise TrainError(
             f"{selected.height} new rows to train the env on, fewer than min_rows {config.min_rows}: "

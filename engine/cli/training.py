@@ -72,10 +72,13 @@ def train(
     start = latest_version(lake_, kind) if parent is None else parent
     with bad_input():
         config, inherited_from = inherited_config(lake_, kind, start)
+        source = None if inherited_from is None else f"{kind} v{inherited_from}'s update"
+        if inherited_from is None and start > 0:  # a lineage of warm starts alone: its run's options, if recorded
+            config, source = run_options(lake_, kind, start) or (config, None)
         config = apply_overrides(config, sets)
         config.check()
-    if inherited_from is not None and world_size() == 1:
-        console.print(f"options: those of {kind} v{inherited_from}'s update" + (", with --set" if sets else ""))
+    if source is not None and world_size() == 1:
+        console.print(f"options: those of {source}" + (", with --set" if sets else ""))
     if configured_bootstrap(bootstrap):
         require_broker(configured_bootstrap(bootstrap))  # before training: its checkpoint must be publishable
     if num_processes > 1 and world_size() == 1:
@@ -118,3 +121,18 @@ def train(
     with kafka_bootstrap(bootstrap) as servers, console.status(f"publishing {kind} v{record.version}"):
         publish_checkpoint(lake_, servers, record, run_id, epoch)
     console.print(record_table(record))
+
+
+def run_options(lake: Lake, kind: str, version: int):
+    """(the trainer options of the run that registered checkpoint `version`, as its recorded configuration has them,
+    and where they came from), or None where that run recorded none (a checkpoint trained by hand). The first update
+    after a warm start so continues its run: the simulator scored at the temperature the run samples it at, not at
+    RWRConfig's default."""
+    from engine.coevolution import recorded_run_config, run_config_path
+    from trainers import registered
+
+    run_id = registered(lake, kind, version)["run_id"]
+    if lake.files.read_text(run_config_path(run_id)) is None:
+        return None
+    run = recorded_run_config(lake, run_id)
+    return (run.agent if kind == "agent" else run.env), f"run {run_id}'s configuration"

@@ -19,6 +19,7 @@ from .config import (
     load_config,
     record_run_config,
     recorded_run_config,
+    run_config_path,
     to_toml,
 )
 from .curriculum import CurriculumConfig, GroupScore, env_reward, in_band, in_band_share, score_groups
@@ -72,6 +73,7 @@ __all__ = [
     "record_run_config",
     "recorded_run_config",
     "run_ablation",
+    "run_config_path",
     "run_version",
     "score_groups",
     "task_of",

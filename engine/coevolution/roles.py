@@ -65,6 +65,7 @@ class GeneratedTask:
     env_version: str
     epoch: int  # the epoch it was generated in
     offered: list[float] = field(default_factory=list)  # the difficulty levels the simulator's request offered
+    temperature: float | None = None  # what the simulator sampled it at (None: a seed task, not generated)
 
 
 def task_of(event) -> Task | Invalid:
@@ -369,6 +370,7 @@ class Simulator(ModelRole):
                         str(self.version),
                         epoch,
                         request.offered,
+                        self.temperature,
                     )
                 )
         return tasks
@@ -432,6 +434,7 @@ class Simulator(ModelRole):
             sim_prompt=task.sim_prompt,
             raw_generation=task.generation,
             offered_json=json.dumps(task.offered),
+            temperature=task.temperature,
             producer=producer,
         )
         if isinstance(task.parsed, Invalid):
