@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -16,7 +17,7 @@ from conftest import free_port, genenv_cli, genenv_inline, http_server
 from engine.domains import Verdict
 from engine.domains.arith import Arith
 from engine.lineage import PLOTS, replay_epoch
-from lake import CHECKPOINTS, Lake, read_table, silver
+from lake import CHECKPOINTS, Lake, read_pool, read_table, silver
 
 pytestmark = pytest.mark.e2e
 
@@ -99,7 +100,52 @@ def test_audit_of_a_task_lists_exactly_the_rollouts_and_rewards_the_lake_holds(q
     assert [b["p_hat"] for b in answer["batch"]] == batch["p_hat"].to_list()
     assert answer["raw_generation"] == tasks.filter(pl.col("task_id") == task_id)["raw_generation"][0]
     assert {p["pool"] for p in answer["pools"]} == {"gold/d_env", "gold/d_train"}
-    assert any(c["kind"] == "agent" and c["use"] == "trained on" for c in answer["checkpoints"])
+    assert any(c["kind"] == "agent" and c["use"].startswith("trained on (") for c in answer["checkpoints"])
+
+
+def test_audit_of_a_task_says_whether_each_update_trained_on_it_by_that_updates_options(quick_run, broker, tmp_path):
+    """An update's use of a task is the selection its trainer made with the options the update recorded. GRPO: a
+    group whose rewards all agree is trained on where `filter_groups` is off (the quick profile) and left out where
+    it is on. RWR: a row outside the band is trained on where `band_only` is off (the default) and left out where it
+    is on, and a generation sampled at another temperature than the update scored at is left out."""
+    from engine.coevolution import publish_checkpoint
+    from lake import ingest
+    from trainers import RWRConfig, registry, train_update
+
+    lake, _ = quick_run
+    copy = Lake(shutil.copytree(lake.root, tmp_path / "lake"), create=False)
+
+    def uses(task_id: str, kind: str) -> dict[int, str]:
+        result = genenv_inline("audit", "task", task_id, "--lake", copy.root, "--json")
+        assert result.returncode == 0, result.stderr
+        return {c["version"]: c["use"] for c in json.loads(result.stdout)["checkpoints"] if c["kind"] == kind}
+
+    def recorded(kind: str, version: int, **options) -> None:  # as if the update had run with these options
+        path = Path(copy.root) / "checkpoints" / kind / f"v{version}" / "genenv.json"
+        lineage = json.loads(path.read_text())
+        path.write_text(json.dumps({**lineage, "config": {**lineage["config"], **options}}))
+
+    rollouts = read_pool(copy, "d_train").filter(pl.col("agent_model_version") != "seed")
+    alike = rollouts.group_by("task_id").agg(rewards=pl.col("reward").n_unique()).filter(pl.col("rewards") == 1)
+    task_id, agent = next((t, u) for t in alike.sort("task_id")["task_id"] if (u := uses(t, "agent")))
+    version = min(agent)
+    assert agent[version] == f"trained on ({rollouts.filter(pl.col('task_id') == task_id).height} of its rollouts)"
+    recorded("agent", version, filter_groups=True)
+    assert uses(task_id, "agent")[version] == "left out (its rollouts' rewards all agree)"
+
+    # Every row of the quick run was out of its band, so its simulator had no update but the warm start: one on
+    # every scored generation, as the default's, registered through the broker as a run's are.
+    generated = read_pool(copy, "d_env").filter(pl.col("env_model_version") != "seed")
+    options = RWRConfig(band_only=False, temperature=1.0, learning_rate=1e-3, per_device_train_batch_size=8)
+    update = train_update("env", copy, options, parent_version=registry(copy, "env")["version"].max())
+    publish_checkpoint(copy, broker.bootstrap, update, run_id=generated["run_id"][0], epoch=1)
+    ingest(copy, broker.bootstrap, idle_exit_s=1.5)
+    task_id = generated.filter(pl.col("valid") & pl.col("filtered")).sort("task_id")["task_id"][0]
+    assert uses(task_id, "env")[update.version] == "trained on"
+    recorded("env", update.version, band_only=True)
+    assert uses(task_id, "env")[update.version] == "left out (filtered: outside the alpha band)"
+    recorded("env", update.version, band_only=False, temperature=0.5)  # the quick run samples its simulator at 1.0
+    assert uses(task_id, "env")[update.version] == "left out (sampled at another temperature than the update scored at)"
 
 
 def test_audit_of_checkpoints_and_epochs_follows_the_registry(quick_run):

@@ -20,8 +20,9 @@ import polars as pl
 
 from lake import CHECKPOINTS, D_ENV, D_TRAIN, POOLS, QUARANTINE, CommitRecord, Lake, late_only, silver
 from streams import payload_of
-from trainers import KINDS, CheckpointError, manifest, registry
-from trainers.update import POOL_OF, SEED_VERSION, new_rows
+from trainers import KINDS, CheckpointError, config_from_manifest, manifest, registry
+from trainers.rwr import select_rows as select_generations
+from trainers.update import POOL_OF, SEED_VERSION, new_rows, select_update_rows, warm_start_rows
 
 from .fields import json_object, json_or_text, nan_to_none, share_in_band, turns_in
 from .measures import curriculum_measures
@@ -198,7 +199,7 @@ def audit_task(lake: Lake, task_id: str) -> dict:
             for b in batch.iter_rows(named=True)
         ],
         "pools": pools,
-        "checkpoints": _checkpoints_fed(lake, run_id, pools, t["valid"], batch),
+        "checkpoints": _checkpoints_fed(lake, run_id, pools, task_id),
         "reassignments": [
             {k: r[k] for k in ("reassignment", "producer", "held_s", "rollouts_missing")}
             for r in sorted(
@@ -209,20 +210,18 @@ def audit_task(lake: Lake, task_id: str) -> dict:
     }
 
 
-def _checkpoints_fed(lake: Lake, run_id: str, pools: list[dict], valid: bool, batch: pl.DataFrame) -> list[dict]:
+def _checkpoints_fed(lake: Lake, run_id: str, pools: list[dict], task_id: str) -> list[dict]:
     """The updates whose new rows included the task's rows: the parent had not seen them, its pool version had."""
     out = []
     registered = scan(lake, CHECKPOINTS).filter(pl.col("run_id") == run_id).collect()
     seen_by = {(r["model_kind"], r["version"]): r["pool_version"] for r in registered.iter_rows(named=True)}
+    env_row = scan(lake, D_ENV).filter(pl.col("task_id") == task_id).collect()
     for pool in pools:
         kind = "env" if pool["pool"] == D_ENV else "agent"
         first = pool["first_version"]
         for c in registered.filter(pl.col("model_kind") == kind).sort("version").iter_rows(named=True):
             seen = seen_by.get((kind, c["parent_version"]), -1) if c["parent_version"] else -1
             if seen < first <= c["pool_version"]:
-                used = "trained on"
-                if kind == "env" and (not valid or bool(batch["filtered"].any())):
-                    used = "left out (" + ("invalid" if not valid else "filtered: outside the alpha band") + ")"
                 out.append(
                     {
                         "kind": kind,
@@ -231,10 +230,61 @@ def _checkpoints_fed(lake: Lake, run_id: str, pools: list[dict], valid: bool, ba
                         "pool_table": c["pool_table"],
                         "pool_version": c["pool_version"],
                         "sha256": c["sha256"],
-                        "use": used,
+                        "use": _env_use(lake, c["version"], env_row)
+                        if kind == "env"
+                        else _agent_use(lake, c, seen if seen >= 0 else None, task_id),
                     }
                 )
     return out
+
+
+LEFT_OUT = {
+    "invalid": "invalid",
+    "filtered": "filtered: outside the alpha band",
+    "other_temperature": "sampled at another temperature than the update scored at",
+    "zero_std_group": "its rollouts' rewards all agree",
+    "over_max_groups": "more mixed groups than max_groups; others spread more",
+}
+
+
+def _left_out(dropped) -> str:
+    return f"left out ({', '.join(LEFT_OUT.get(why, why) for why in dropped)})"
+
+
+def _agent_use(lake: Lake, checkpoint: dict, seen: int | None, task_id: str) -> str:
+    """Whether agent update `checkpoint` trained on the task's rollouts: the selection that update made (its new rows
+    of its run, GRPO's `select_rows` with the options its lineage recorded), as `genenv replay` makes it again."""
+    version = checkpoint["version"]
+    try:
+        config, warm_start = config_from_manifest("agent", manifest(lake, "agent", version))
+    except CheckpointError as exc:
+        return f"unknown ({exc})"
+    rows = new_rows(lake, "d_train", checkpoint["pool_version"], seen).filter(pl.col("run_id") == checkpoint["run_id"])
+    task_rows = rows.filter(pl.col("task_id") == task_id)
+    if warm_start:
+        trained = (task_rows["agent_model_version"] == SEED_VERSION).any()
+        return "trained on" if trained else "left out (a warm start trains on the seed tasks' reference answers)"
+    parent = checkpoint["parent_version"] or 0
+    kept, dropped = select_update_rows("agent", task_rows, parent, config, warm_start)
+    if kept.is_empty():
+        return _left_out(dropped)
+    kept, _ = select_update_rows("agent", rows, parent, config, warm_start)
+    trained = kept.filter(pl.col("task_id") == task_id).height
+    return f"trained on ({trained} of its rollouts)" if trained else _left_out(["over_max_groups"])
+
+
+def _env_use(lake: Lake, version: int, row: pl.DataFrame) -> str:
+    """Whether simulator update `version` trained on the task's d_env row: the selection that update made, with the
+    options its lineage recorded (the default trains on rows outside the band too, `band_only` false); unknown where
+    the checkpoint's files, and its options with them, are gone (`genenv lake prune`)."""
+    try:
+        config, warm_start = config_from_manifest("env", manifest(lake, "env", version))
+    except CheckpointError as exc:
+        return f"unknown ({exc})"
+    if warm_start:
+        return "trained on" if warm_start_rows("env", row).height else "left out (a warm start trains on seed tasks)"
+    kept, dropped = select_generations(row, config)
+    return "trained on" if kept.height else _left_out(dropped)
 
 
 # -- checkpoints ---------------------------------------------------------------------------------------
