@@ -133,11 +133,11 @@ def test_audit_of_a_task_says_whether_each_update_trained_on_it_by_that_updates_
     recorded("agent", version, filter_groups=True)
     assert uses(task_id, "agent")[version] == "left out (its rollouts' rewards all agree)"
 
-    # Every row of the quick run was out of its band, so its simulator had no update but the warm start: one on
-    # every scored generation, as the default's, registered through the broker as a run's are.
+    # An update from the simulator's warm start on every generation since, out of the band too (`band_only` false,
+    # the default's; the quick profile's leaves its rows out), registered through the broker as a run's are.
     generated = read_pool(copy, "d_env").filter(pl.col("env_model_version") != "seed")
     options = RWRConfig(band_only=False, temperature=1.0, learning_rate=1e-3, per_device_train_batch_size=8)
-    update = train_update("env", copy, options, parent_version=registry(copy, "env")["version"].max())
+    update = train_update("env", copy, options, parent_version=registry(copy, "env")["version"].min())
     publish_checkpoint(copy, broker.bootstrap, update, run_id=generated["run_id"][0], epoch=1)
     ingest(copy, broker.bootstrap, idle_exit_s=1.5)
     task_id = generated.filter(pl.col("valid") & pl.col("filtered")).sort("task_id")["task_id"][0]
