@@ -435,8 +435,9 @@ def test_every_p_hat_and_env_reward_can_be_recomputed_from_its_rows(quick_run):
 @pytest.mark.e2e
 def test_a_manual_update_after_a_warm_start_takes_the_options_of_the_run_that_made_it(quick_run, broker, tmp_path):
     """`genenv train env` from the simulator's warm start (no update in its lineage to inherit from) continues the
-    run: the simulator options its recorded configuration holds, the temperature it samples at among them, where
-    RWRConfig's defaults would score the run's generations at 1.0 whatever they were sampled at."""
+    run: the simulator options its recorded configuration holds, where it took RWRConfig's defaults before (and so
+    scored a default run's generations at 1.0, sampled at 0.7). The quick profile samples at 1.0, the default's
+    temperature, so its learning rate and batch are what tell the two apart here."""
     import shutil
 
     from trainers import RWRConfig, manifest, registry
