@@ -515,6 +515,63 @@ def test_stale_rows_are_dropped_or_importance_weighted():
 
 
 @pytest.mark.unit
+def test_the_audit_says_in_words_why_each_selection_left_a_row_out():
+    """Every reason GRPO's and RWR's row selections count a left-out row under reads as words in `genenv audit
+    task`, not as the counter's key: rows made to be left out for each reason, selected by the trainers' own code."""
+    from engine.lineage.audit import LEFT_OUT, _left_out
+
+    def rollout(task: str, reward: float, version: str = "3", ids=(1, 2), temperature=0.7, turns="") -> dict:
+        return {
+            "rollout_id": f"{task}-{reward}-{version}-{len(ids)}-{temperature}-{turns}",
+            "task_id": task,
+            "group_index": 0,
+            "agent_model_version": version,
+            "completion_token_ids": list(ids),
+            "behaviour_logprobs": [-0.5] * len(ids),
+            "reward": reward,
+            "temperature": temperature,
+            "turns_json": turns,
+        }
+
+    rows = pl.DataFrame(
+        [rollout("t0", 0.0), rollout("t0", 1.0), rollout("t1", 0.0), rollout("t1", 1.0)]  # kept; over max_groups
+        + [rollout("t2", 1.0), rollout("t2", 1.0)]  # rewards all agree
+        + [rollout("t3", 0.0, version="junk"), rollout("t3", 0.0, version="4"), rollout("t3", 0.0, version="1")]
+        + [rollout("t3", 0.0, ids=()), rollout("t3", 0.0, temperature=1.0), rollout("t3", 0.0, turns="not json")]
+    )
+    config = GRPOConfig(temperature=0.7, max_staleness=1, off_policy="drop", max_groups=1)
+    kept, dropped = select_rollouts(rows, 3, config)
+    assert kept.height == 2 and set(dropped) == {
+        "over_max_groups",
+        "zero_std_group",
+        "unknown_version",
+        "newer_than_parent",
+        "stale",
+        "no_token_logprobs",
+        "other_temperature",
+        "unreadable_turns",
+    }
+    generations = pl.DataFrame(
+        {
+            "batch_id": ["b"] * 4,
+            "task_id": ["g0", "g1", "g2", "g3"],
+            "valid": [True, False, True, True],
+            "filtered": [False, False, True, False],
+            "sim_prompt": ["p"] * 4,
+            "raw_generation": ["kept", "junk", "out of band", "at 1.0"],
+            "temperature": [0.7, 0.7, 0.7, 1.0],
+            "env_reward": [1.0] * 4,
+        }
+    )
+    kept, more = select_generations(generations, RWRConfig(temperature=0.7, band_only=True))
+    assert kept.height == 1 and set(more) == {"invalid", "filtered", "other_temperature"}
+    assert not {*dropped, *more} - set(LEFT_OUT)
+    assert _left_out(["stale", "unreadable_turns"]) == (
+        "left out (made by an agent older than max_staleness or off_policy allow, its turns cannot be trained on)"
+    )
+
+
+@pytest.mark.unit
 def test_groups_whose_rewards_all_agree_and_rows_of_another_temperature_are_left_out():
     agent = load_model("tiny", seed=0)
     prompts = [render_prompt(agent.tokenizer, p) for p in ("x", "y")]

@@ -244,6 +244,11 @@ LEFT_OUT = {
     "other_temperature": "sampled at another temperature than the update scored at",
     "zero_std_group": "its rollouts' rewards all agree",
     "over_max_groups": "more mixed groups than max_groups; others spread more",
+    "unreadable_turns": "its turns cannot be trained on",
+    "unknown_version": "made by an agent version that is not a number",
+    "newer_than_parent": "made by a newer agent than the update started from",
+    "stale": "made by an agent older than max_staleness or off_policy allow",
+    "no_token_logprobs": "no token log-probabilities recorded",
 }
 
 
