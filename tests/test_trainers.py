@@ -452,18 +452,27 @@ def test_rwr_takes_its_kl_reference_at_the_sampling_temperature_too():
     assert torch.allclose(batch.ref_logps.float()[mask], expected[mask], atol=1e-4)
 
 
+def generation_rows(texts, valid, filtered, env_reward, temperature=None) -> pl.DataFrame:
+    """d_env rows as RWR's `select_rows` reads them: one batch, one task a generation."""
+    columns = {
+        "batch_id": ["b"] * len(texts),
+        "task_id": [f"t{i}" for i in range(len(texts))],
+        "valid": valid,
+        "filtered": filtered,
+        "sim_prompt": ["p"] * len(texts),
+        "raw_generation": texts,
+        "env_reward": env_reward,
+    }
+    return pl.DataFrame(columns if temperature is None else {**columns, "temperature": temperature})
+
+
 @pytest.mark.unit
 def test_rwr_trains_on_the_band_or_on_every_valid_generation_weighted_towards_it():
-    rows = pl.DataFrame(
-        {
-            "batch_id": ["b"] * 4,
-            "task_id": ["t0", "t1", "t2", "t3"],
-            "valid": [True, True, True, False],
-            "filtered": [False, True, True, False],
-            "sim_prompt": ["p"] * 4,
-            "raw_generation": ["in band", "solved every time", "never solved", "junk"],
-            "env_reward": [1.0, 0.0821, 0.0821, 0.0],
-        }
+    rows = generation_rows(
+        ["in band", "solved every time", "never solved", "junk"],
+        valid=[True, True, True, False],
+        filtered=[False, True, True, False],
+        env_reward=[1.0, 0.0821, 0.0821, 0.0],
     )
     kept, dropped = select_generations(rows, RWRConfig(band_only=True))  # the paper's filter
     assert kept["text"].to_list() == ["in band"] and dropped == {"filtered": 2, "invalid": 1}
@@ -477,17 +486,12 @@ def test_rwr_trains_on_the_band_or_on_every_valid_generation_weighted_towards_it
 def test_rwr_leaves_out_generations_sampled_at_another_temperature():
     """Their likelihood would be scored under another softmax than the one that drew them, as GRPO's rollouts of
     another temperature are left out; rows that record none (seed tasks, older lakes) are kept."""
-    rows = pl.DataFrame(
-        {
-            "batch_id": ["b"] * 4,
-            "task_id": ["t0", "t1", "t2", "t3"],
-            "valid": [True, True, True, False],
-            "filtered": [False] * 4,
-            "sim_prompt": ["p"] * 4,
-            "raw_generation": ["at 0.7", "at 1.0", "not recorded", "junk at 1.0"],
-            "temperature": [0.7, 1.0, None, 1.0],
-            "env_reward": [1.0] * 4,
-        }
+    rows = generation_rows(
+        ["at 0.7", "at 1.0", "not recorded", "junk at 1.0"],
+        valid=[True, True, True, False],
+        filtered=[False] * 4,
+        env_reward=[1.0] * 4,
+        temperature=[0.7, 1.0, None, 1.0],
     )
     kept, dropped = select_generations(rows, RWRConfig(temperature=0.7))
     assert kept["text"].to_list() == ["at 0.7", "not recorded"]
@@ -551,17 +555,12 @@ def test_the_audit_says_in_words_why_each_selection_left_a_row_out():
         "other_temperature",
         "unreadable_turns",
     }
-    generations = pl.DataFrame(
-        {
-            "batch_id": ["b"] * 4,
-            "task_id": ["g0", "g1", "g2", "g3"],
-            "valid": [True, False, True, True],
-            "filtered": [False, False, True, False],
-            "sim_prompt": ["p"] * 4,
-            "raw_generation": ["kept", "junk", "out of band", "at 1.0"],
-            "temperature": [0.7, 0.7, 0.7, 1.0],
-            "env_reward": [1.0] * 4,
-        }
+    generations = generation_rows(
+        ["kept", "junk", "out of band", "at 1.0"],
+        valid=[True, False, True, True],
+        filtered=[False, False, True, False],
+        env_reward=[1.0] * 4,
+        temperature=[0.7, 0.7, 0.7, 1.0],
     )
     kept, more = select_generations(generations, RWRConfig(temperature=0.7, band_only=True))
     assert kept.height == 1 and set(more) == {"invalid", "filtered", "other_temperature"}
