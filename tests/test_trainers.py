@@ -526,7 +526,6 @@ def test_the_audit_says_in_words_why_each_selection_left_a_row_out():
 
     def rollout(task: str, reward: float, version: str = "3", ids=(1, 2), temperature=0.7, turns="") -> dict:
         return {
-            "rollout_id": f"{task}-{reward}-{version}-{len(ids)}-{temperature}-{turns}",
             "task_id": task,
             "group_index": 0,
             "agent_model_version": version,
@@ -537,12 +536,13 @@ def test_the_audit_says_in_words_why_each_selection_left_a_row_out():
             "turns_json": turns,
         }
 
-    rows = pl.DataFrame(
+    made = (
         [rollout("t0", 0.0), rollout("t0", 1.0), rollout("t1", 0.0), rollout("t1", 1.0)]  # kept; over max_groups
         + [rollout("t2", 1.0), rollout("t2", 1.0)]  # rewards all agree
         + [rollout("t3", 0.0, version="junk"), rollout("t3", 0.0, version="4"), rollout("t3", 0.0, version="1")]
         + [rollout("t3", 0.0, ids=()), rollout("t3", 0.0, temperature=1.0), rollout("t3", 0.0, turns="not json")]
     )
+    rows = pl.DataFrame([{**row, "rollout_id": f"r{i:02d}"} for i, row in enumerate(made)])
     config = GRPOConfig(temperature=0.7, max_staleness=1, off_policy="drop", max_groups=1)
     kept, dropped = select_rollouts(rows, 3, config)
     assert kept.height == 2 and set(dropped) == {
