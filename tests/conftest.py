@@ -147,7 +147,8 @@ def quick_run(tmp_path_factory):
     # warm start, where the first update begins (zero KL gradient): AdamW's weight decay makes every GRPO update
     # move the weights anyway, so replaying an epoch has real updates to reproduce; beta keeps the KL term in them.
     # Three epochs: a tiny simulator's second epoch can write no valid task (so no update continues an optimiser).
-    sets = ["agent.beta=0.04", "agent.weight_decay=0.01", "epochs=3"]
+    # guidance 2: the tasks no rollout solved get their reference answer as a rollout, so replay and audit cover them.
+    sets = ["agent.beta=0.04", "agent.weight_decay=0.01", "epochs=3", "guidance=2"]
     result = genenv_cli(
         "run",
         "--profile",

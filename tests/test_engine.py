@@ -353,6 +353,9 @@ def test_genenv_run_stops_on_a_bad_value_before_any_work(tmp_path):
         (["--domain", "chess"], "domain must be one of"),
         (["--profile", "huge"], "profile must be one of"),
         (["--set", "agent.epsilon=-1"], "epsilon"),
+        (["--set", "guidance=-1"], "guidance must be >= 0"),
+        (["--domain", "world", "--set", "guidance=2"], "guidance is for single-turn domains"),
+        (["--async", "--set", "guidance=2"], "guidance is for the sync loop"),
     ]:
         result = genenv_inline("run", "--lake", str(lake), *args)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
@@ -387,6 +390,17 @@ def test_a_quick_run_leaves_every_kind_of_record_in_the_lake(quick_run):
     assert any(refilled.values()) and all(0 <= n <= 4 for n in refilled.values()), refilled
     for kind in ("rollout", "reward", "batch"):
         assert read_table(lake, silver(kind)).height > 0, kind
+    # Guidance (the fixture's guidance 2): the reference answer joins up to two groups an epoch whose rollouts all
+    # failed, scored by the checker (arith's references are right), and the agent's updates train those groups.
+    rewards = read_table(lake, silver("reward"))
+    own = rewards.filter(pl.col("producer") != "guidance")
+    guides = rewards.filter(pl.col("producer") == "guidance")
+    assert guides.height > 0 and guides["success"].all() and guides["rollout_id"].str.ends_with("-guide").all()
+    for epoch, of_epoch in guides.group_by("epoch"):
+        assert of_epoch.height <= 2, epoch
+    assert not own.filter(pl.col("task_id").is_in(guides["task_id"].implode()))["success"].any()
+    trained = read_pool(lake, "d_train").filter(pl.col("rollout_id").str.ends_with("-guide"))
+    assert trained.height == guides.height and (trained["group_index"] == 4).all()  # the quick profile's G = 4
     checkpoints = read_table(lake, CHECKPOINTS)
     assert {"agent", "env"} <= set(checkpoints["model_kind"].to_list())
     assert read_pool(lake, "d_train").height > 0 and read_pool(lake, "d_env").height > 0
@@ -411,7 +425,7 @@ def test_a_quick_run_leaves_every_kind_of_record_in_the_lake(quick_run):
 def test_every_p_hat_and_env_reward_can_be_recomputed_from_its_rows(quick_run):
     lake, _ = quick_run
     config = load_config("quick")
-    rewards = read_table(lake, silver("reward"))
+    rewards = read_table(lake, silver("reward")).filter(pl.col("producer") != "guidance")  # the agent's own
     success = {}
     for row in rewards.iter_rows(named=True):
         success.setdefault(row["task_id"], []).append(row["success"])

@@ -34,6 +34,7 @@ from trainers import (
     rwr_weights,
     train_update,
 )
+from trainers.grpo import GUIDE_SUFFIX
 from trainers.grpo import select_rows as select_rollouts
 from trainers.rwr import select_rows as select_generations
 
@@ -603,6 +604,14 @@ def test_max_groups_keeps_the_groups_whose_rewards_spread_most():
     assert kept.height == 12 and dropped == {"zero_std_group": 4}
     with pytest.raises(ValueError, match="max_groups must be >= 0"):
         GRPOConfig(max_groups=-1).check()
+    # A group with a guide row (the reference answer joined to a group that never succeeded: RunConfig.guidance)
+    # comes first, though its one success in four spreads less than the half-solved group.
+    guided = rows.with_columns(
+        pl.Series("reward", [0.0, 0.0, 0.0, 1.0] + rewards[4:]),
+        pl.Series("rollout_id", [*rows["rollout_id"][:3], f"{tasks[0]}{GUIDE_SUFFIX}", *rows["rollout_id"][4:]]),
+    )
+    kept, dropped = select_rollouts(guided, 0, GRPOConfig(max_groups=1))
+    assert kept["task_id"].unique().to_list() == [tasks[0]] and dropped["over_max_groups"] == 8
 
 
 # -- through the lake: pools, checkpoints, the registry, the command line ---------------------------------------

@@ -18,12 +18,13 @@ from .generation import (
     TransformersBackend,
     VLLMBackend,
     VLLMServerBackend,
+    prompt_token_ids,
     render_prompt,
     sample_seed,
     sequence_logprobs,
     vllm_available,
 )
-from .grpo import GRPOConfig, GRPOTrainer
+from .grpo import GUIDE_SUFFIX, GRPOConfig, GRPOTrainer
 from .heap import release_free_heap
 from .loop import OptimizerState
 from .losses import GRPOLossConfig, group_advantages, grpo_loss, rwr_loss, rwr_weights
@@ -49,6 +50,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointRecord",
     "GRPOConfig",
+    "GUIDE_SUFFIX",
     "GRPOLossConfig",
     "GRPOTrainer",
     "Generation",
@@ -86,6 +88,7 @@ __all__ = [
     "rwr_weights",
     "sample_seed",
     "select_update_rows",
+    "prompt_token_ids",
     "sequence_logprobs",
     "train_update",
     "vllm_available",

@@ -38,6 +38,11 @@ from .generation import prompt_token_ids
 from .loop import OptimConfig, Trainer
 from .losses import GRPOLossConfig, group_advantages, grpo_loss, token_nll
 
+# A guide row: a task's reference answer, written as one more rollout of a group the agent never solved (LUFFY's
+# off-policy guidance, arXiv 2504.14945; engine/coevolution/roles.py `Rollouts.guidance`), with the agent's own
+# log-probabilities of its tokens. Its rollout id ends so; `most_informative` trains such groups first.
+GUIDE_SUFFIX = "-guide"
+
 
 @dataclass
 class GRPOConfig(OptimConfig, GRPOLossConfig):
@@ -284,16 +289,19 @@ class GRPOTrainer(Trainer):
 
 
 def most_informative(rows: list[dict], groups: int, seed: int) -> tuple[list[dict], int]:
-    """The rows of the `groups` tasks whose rewards spread the most (population std: for 0/1 rewards, p nearest
-    0.5), ties in a seeded order of tasks; and how many rows were left out."""
+    """The rows of the `groups` tasks with a guide row (`GUIDE_SUFFIX`) first, then of those whose rewards spread
+    the most (population std: for 0/1 rewards, p nearest 0.5), ties in a seeded order of tasks; and how many rows
+    were left out. A guided group's one right answer among eight wrong spreads less than any sampled 1-in-8, so by
+    spread alone no guide row was ever trained where an epoch had max_groups mixed groups (docs/RESULTS.md)."""
     rewards: dict[str, list[float]] = {}
     for row in rows:
         rewards.setdefault(row["task_id"], []).append(row["reward"])
+    guided = {row["task_id"] for row in rows if row["rollout_id"].endswith(GUIDE_SUFFIX)}
     tasks = list(rewards)
     order = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(seed)).tolist()
     rank = {tasks[k]: i for i, k in enumerate(order)}
     spread = {t: statistics.pstdev(r) for t, r in rewards.items()}
-    chosen = set(sorted(tasks, key=lambda t: (-spread[t], rank[t]))[:groups])
+    chosen = set(sorted(tasks, key=lambda t: (t not in guided, -spread[t], rank[t]))[:groups])
     kept = [row for row in rows if row["task_id"] in chosen]
     return kept, len(rows) - len(kept)
 

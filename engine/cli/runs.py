@@ -75,6 +75,10 @@ def run(
             cfg = recorded_run_config(Lake(lake, create=False), resume)
         if cfg.epochs == 0 and not streaming:
             raise ValueError("epochs = 0 (until stopped) is for async runs: add --async")
+        if cfg.guidance and streaming:
+            raise ValueError(
+                "guidance is for the sync loop: an async reward worker holds no agent to score a reference"
+            )
         check_machine(cfg)  # the device, and vLLM where it is asked for: before the broker, the lake or a model
         check_plan(cfg, asynchronous=streaming)
     check_output_folder(report, "--report")

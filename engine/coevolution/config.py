@@ -23,7 +23,7 @@ from lake import Lake
 from trainers import GRPOConfig, ModelNotFound, Precision, RWRConfig, check_model_spec, native_bf16, vllm_available
 from trainers.plan import plan_run
 
-from ..domains import DOMAINS, get_domain
+from ..domains import DOMAINS, get_domain, multi_turn
 from .curriculum import CurriculumConfig
 from .overrides import OverrideError, apply_values, parse_pairs
 
@@ -68,6 +68,13 @@ class RunConfig:
     # that is set (the update trains no more). 0: none. A round costs about as much as the epoch's own rollouts and
     # gave about one mixed group (docs/RESULTS.md, e9), so the default spends that time on epochs instead.
     refill_rounds: int = 0
+    # Guidance (LUFFY's off-policy guidance, arXiv 2504.14945): up to this many of an epoch's groups whose rollouts
+    # all failed get the task's reference answer as one more rollout (rollout id `<task id>-guide`, scored by the
+    # checker like any other), and the agent's update trains them before any other mixed group. GRPO learns nothing
+    # from a task it never solves; the reference makes that group mixed. Its curriculum scores, the simulator's
+    # history and the report's success are the agent's own rollouts only. The sync loop only: an async reward
+    # worker holds no agent to take the reference's log-probabilities with. 0: none.
+    guidance: int = 0
     validation_size: int = 200  # held-out tasks scored greedily (in batches) before training and after the last epoch
     # After the other epochs' updates, only the first validation_subset of them (stratified by level like the whole
     # set: 2 per toolcall level for 16), with its interval in the report; 0 (or >= validation_size): the whole set.
@@ -196,6 +203,10 @@ class RunConfig:
             _ = get_domain(self.domain, self.seeds_path).seed_file  # read now: raises naming what is missing
         if self.refill_rounds < 0:
             raise ValueError(f"refill_rounds must be >= 0, got {self.refill_rounds}")
+        if self.guidance < 0:
+            raise ValueError(f"guidance must be >= 0 (0: none), got {self.guidance}")
+        if self.guidance and multi_turn(get_domain(self.domain)):
+            raise ValueError(f"guidance is for single-turn domains, and {self.domain} is played over turns")
         if self.validation_subset < 0:
             raise ValueError(
                 f"validation_subset must be >= 0 (0: the whole set every epoch), got {self.validation_subset}"

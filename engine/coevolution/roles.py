@@ -17,9 +17,12 @@ import json
 import random
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from lake import Lake
 from streams import BatchScored, CheckpointPublished, RewardScored, RolloutCompleted, TaskGenerated
 from trainers import (
+    GUIDE_SUFFIX,
     CheckpointRecord,
     Precision,
     SamplingConfig,
@@ -28,9 +31,11 @@ from trainers import (
     VLLMServerBackend,
     load_checkpoint,
     load_published,
+    prompt_token_ids,
     registry,
     render_prompt,
     sample_seed,
+    sequence_logprobs,
     train_update,
 )
 from trainers.update import SEED_VERSION
@@ -51,6 +56,7 @@ from .curriculum import score_groups
 from .progress import Tick
 
 SIMULATOR_SYSTEM = "You write one task for a student. Reply with the task only."
+GUIDANCE = "guidance"  # the producer of guide rows (`Rollouts.guidance`) and of their rewards
 
 
 @dataclass
@@ -492,6 +498,37 @@ class Rollouts(ModelRole):
             )
             for i, generation in enumerate(generations)
         ]
+
+    def guidance(self, tasks: list[GeneratedTask], epoch: int) -> list[RolloutCompleted]:
+        """Each task's reference answer as one more rollout of its group (`RunConfig.guidance`): rollout id
+        `<task id>-guide`, group index group_size, and as its behaviour log-probabilities the agent's own (teacher-
+        forced, at the sampling temperature), so that GRPO's importance weight for it is 1 and its ratio starts at 1."""
+        tok, g = self.model.tokenizer, self.config.group_size
+        guides = []
+        for task in tasks:
+            prompt = self.prompt(task.parsed)
+            answer = self.domain.reference_answer(task.parsed)
+            ids = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            with torch.no_grad():
+                logps = sequence_logprobs(self.model.model, prompt_token_ids(tok, [prompt])[0], ids, self.temperature)
+            guides.append(
+                RolloutCompleted(
+                    run_id=self.run_id,
+                    epoch=epoch,
+                    rollout_id=f"{task.task_id}{GUIDE_SUFFIX}",
+                    task_id=task.task_id,
+                    group_index=g,
+                    agent_model_version=str(self.version),
+                    prompt=prompt,
+                    completion=answer,
+                    completion_token_ids=ids,
+                    behaviour_logprobs=logps.tolist(),
+                    turns_json="[]",
+                    temperature=self.config.temperature,
+                    producer=GUIDANCE,
+                )
+            )
+        return guides
 
     def play(self, tasks: list[Task], seeds: list[int] | None, progress: Tick = _quiet) -> list[list[dict]]:
         """Each task played as an episode of the domain's, turn by turn: a turn is one batched generation over the

@@ -49,7 +49,17 @@ from .config import RunConfig, record_run_config
 from .curriculum import in_band_share
 from .memory import PhasePeaks, peak_rss_gb
 from .progress import Phase, Say, no_phase
-from .roles import GeneratedTask, Rollouts, Scorer, Simulator, Updater, Validation, generated_task, run_version
+from .roles import (
+    GUIDANCE,
+    GeneratedTask,
+    Rollouts,
+    Scorer,
+    Simulator,
+    Updater,
+    Validation,
+    generated_task,
+    run_version,
+)
 from .stats import interval, paired_gain
 from .writer import LakeWriter
 
@@ -467,6 +477,10 @@ class CoEvolution:
             successes.setdefault(reward.task_id, []).append(reward.success)
         scores = self.scorer.groups(valid, successes, epoch)
         events += [e for pair in zip(rollouts, rewards) for e in pair] + scores
+        if cfg.guidance:  # after the scores, which are of the agent's own rollouts; a resumed epoch's, the same again
+            failed = [t for t in valid if not any(successes[t.task_id])][: cfg.guidance]
+            for guide in self.rollouts.guidance(failed, epoch):
+                events += [guide, self.scorer.reward(by_id[guide.task_id], guide, producer=GUIDANCE)]
         lap("scoring")
         with self.phase(f"epoch {epoch}: {len(events)} events through Kafka into the lake"):
             self.writer.publish(events)
@@ -622,4 +636,6 @@ def landed_epochs(lake: Lake, run_id: str) -> tuple[dict[int, dict[str, Generate
 
 
 def landed_rewards(lake: Lake, run_id: str, epoch: int) -> list[dict]:
-    return RunRows(lake, run_id).rewards().filter(pl.col("epoch") == epoch).sort("rollout_id").collect().to_dicts()
+    """The rewards of the agent's own rollouts in one epoch of a run (guide rows left out: `RunConfig.guidance`)."""
+    rewards = RunRows(lake, run_id).rewards().filter((pl.col("epoch") == epoch) & (pl.col("producer") != GUIDANCE))
+    return rewards.sort("rollout_id").collect().to_dicts()
