@@ -276,9 +276,10 @@ class TransformersBackend:
 def sequence_logprobs(
     model, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0
 ) -> torch.Tensor:
-    """Teacher-forced log-probabilities of `completion_ids` after `prompt_ids` (for checks and training)."""
-    ids = torch.tensor([prompt_ids + completion_ids])
-    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+    """Teacher-forced log-probabilities of `completion_ids` after `prompt_ids` (for checks, training and guide rows),
+    on the CPU whichever device the model is on."""
+    ids = torch.tensor([prompt_ids + completion_ids], device=next(model.parameters()).device)
+    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float().cpu() / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(completion_ids).unsqueeze(-1)).squeeze(-1)
 
 
