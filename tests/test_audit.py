@@ -227,8 +227,8 @@ def test_rescore_with_a_changed_checker_reports_exactly_the_rows_whose_reward_ch
     )
     batches = read_table(lake, silver("batch")).filter(generated)
     changed = set()
-    for b in batches.iter_rows(named=True):
-        rows = flipped.filter(pl.col("task_id").is_in(b["task_ids"]))
+    for b in batches.iter_rows(named=True):  # scored on the agent's own rollouts: guide rows are rescored, not counted
+        rows = flipped.filter(pl.col("task_id").is_in(b["task_ids"]) & (pl.col("producer") != "guidance"))
         if int(rows["new_success"].sum()) != b["n_success"]:
             changed.add(b["batch_id"])
     assert {c.row_id for c in result.changes if c.table == "batch" and c.field == "p_hat"} == changed

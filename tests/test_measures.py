@@ -100,7 +100,7 @@ def recomputed(lake: Lake, run_id: str, feature: str) -> dict[int, dict]:
             offered=pl.col("offered_json").str.json_decode(pl.List(pl.Float64)),
         )
     )
-    rewards = read_table(lake, silver("reward")).filter(of_run)
+    rewards = read_table(lake, silver("reward")).filter(of_run & (pl.col("producer") != "guidance"))  # the agent's own
     out = {}
     for epoch in sorted(set(read_table(lake, silver("task")).filter(of_run)["epoch"])):
         t = tasks.filter(pl.col("epoch") == epoch)

@@ -16,6 +16,7 @@ import polars as pl
 from lake import CHECKPOINTS, Lake, read_table, silver
 
 from ..coevolution import EpochMetrics
+from ..coevolution.roles import GUIDANCE
 from .fields import json_object, share_in_band
 from .measures import CurriculumMeasures, curriculum_measures
 
@@ -59,8 +60,9 @@ def metrics_from_lake(lake: Lake, run_id: str) -> list[EpochMetrics]:
 
     not_warm_start = pl.col("producer") != "warm-start"
     tasks = of_run(silver("task")).filter(not_warm_start)
-    rollouts = of_run(silver("rollout")).filter(not_warm_start)
-    rewards = of_run(silver("reward")).filter(not_warm_start)
+    agents_own = not_warm_start & (pl.col("producer") != GUIDANCE)  # guide rows are references, not the agent's
+    rollouts = of_run(silver("rollout")).filter(agents_own)
+    rewards = of_run(silver("reward")).filter(agents_own)
     batches = of_run(silver("batch")).filter(not_warm_start)
     checkpoints = of_run(CHECKPOINTS).sort("version")
     out = []

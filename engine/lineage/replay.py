@@ -46,6 +46,7 @@ from trainers.update import (
 )
 
 from ..coevolution import CurriculumConfig, Phase, Say, no_phase, recorded_run_config, score_groups
+from ..coevolution.roles import GUIDANCE
 from ..domains import Domain, get_domain, task_from_row
 from .audit import AuditError, latest_run
 
@@ -304,7 +305,8 @@ def rescore_epoch(
         if task is None or recorded is None:
             continue
         verdict = domain.check(task_from_row(task), r["completion"])
-        successes.setdefault(r["task_id"], []).append(verdict.success)
+        if r["producer"] != GUIDANCE:  # a group's score is of the agent's own rollouts (RunConfig.guidance)
+            successes.setdefault(r["task_id"], []).append(verdict.success)
         for name, new in (("reward", verdict.reward), ("success", verdict.success)):
             if new != recorded[name]:
                 changes.append(Change("reward", r["rollout_id"], name, recorded[name], new))
