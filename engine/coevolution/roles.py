@@ -17,6 +17,7 @@ import json
 import random
 from dataclasses import dataclass, field, replace
 
+import polars as pl
 import torch
 
 from lake import Lake
@@ -57,6 +58,9 @@ from .progress import Tick
 
 SIMULATOR_SYSTEM = "You write one task for a student. Reply with the task only."
 GUIDANCE = "guidance"  # the producer of guide rows (`Rollouts.guidance`) and of their rewards
+# The rows of the agent's own rollouts (and their tasks and rewards): not the warm start's seeds and reference
+# answers, not guide rows. What every reader of a run's success counts.
+AGENTS_OWN = ~pl.col("producer").is_in(["warm-start", GUIDANCE])
 
 
 @dataclass

@@ -50,6 +50,7 @@ from .curriculum import in_band_share
 from .memory import PhasePeaks, peak_rss_gb
 from .progress import Phase, Say, no_phase
 from .roles import (
+    AGENTS_OWN,
     GUIDANCE,
     GeneratedTask,
     Rollouts,
@@ -637,5 +638,5 @@ def landed_epochs(lake: Lake, run_id: str) -> tuple[dict[int, dict[str, Generate
 
 def landed_rewards(lake: Lake, run_id: str, epoch: int) -> list[dict]:
     """The rewards of the agent's own rollouts in one epoch of a run (guide rows left out: `RunConfig.guidance`)."""
-    rewards = RunRows(lake, run_id).rewards().filter((pl.col("epoch") == epoch) & (pl.col("producer") != GUIDANCE))
+    rewards = RunRows(lake, run_id).rewards().filter((pl.col("epoch") == epoch) & AGENTS_OWN)
     return rewards.sort("rollout_id").collect().to_dicts()

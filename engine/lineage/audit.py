@@ -24,7 +24,7 @@ from trainers import KINDS, CheckpointError, config_from_manifest, manifest, reg
 from trainers.rwr import select_rows as select_generations
 from trainers.update import POOL_OF, SEED_VERSION, new_rows, select_update_rows, warm_start_rows
 
-from ..coevolution.roles import GUIDANCE
+from ..coevolution.roles import AGENTS_OWN
 from .fields import json_object, json_or_text, nan_to_none, share_in_band, turns_in
 from .measures import curriculum_measures
 
@@ -359,8 +359,7 @@ def audit_epoch(lake: Lake, epoch: int, run_id: str | None = None) -> dict:
             raise AuditError(f"no run {run_id!r} in {lake.root}")
         raise AuditError(f"run {run_id} has no epoch {epoch} (epochs: {', '.join(map(str, sorted(known['epoch'])))})")
     generated = tasks.filter(pl.col("producer") != "warm-start")
-    agents_own = ~pl.col("producer").is_in(["warm-start", GUIDANCE])  # guide rows are references, not the agent's
-    rewards = scan(lake, silver("reward")).filter(of_epoch & agents_own).collect()
+    rewards = scan(lake, silver("reward")).filter(of_epoch & AGENTS_OWN).collect()
     batches = scan(lake, silver("batch")).filter(of_epoch & (pl.col("producer") != "warm-start")).collect()
     in_band = share_in_band(batches)
     checkpoints = scan(lake, CHECKPOINTS).filter(of_epoch).collect().sort("produced_at")

@@ -16,7 +16,7 @@ import polars as pl
 from lake import CHECKPOINTS, Lake, read_table, silver
 
 from ..coevolution import EpochMetrics
-from ..coevolution.roles import GUIDANCE
+from ..coevolution.roles import AGENTS_OWN
 from .fields import json_object, share_in_band
 from .measures import CurriculumMeasures, curriculum_measures
 
@@ -60,9 +60,8 @@ def metrics_from_lake(lake: Lake, run_id: str) -> list[EpochMetrics]:
 
     not_warm_start = pl.col("producer") != "warm-start"
     tasks = of_run(silver("task")).filter(not_warm_start)
-    agents_own = not_warm_start & (pl.col("producer") != GUIDANCE)  # guide rows are references, not the agent's
-    rollouts = of_run(silver("rollout")).filter(agents_own)
-    rewards = of_run(silver("reward")).filter(agents_own)
+    rollouts = of_run(silver("rollout")).filter(AGENTS_OWN)
+    rewards = of_run(silver("reward")).filter(AGENTS_OWN)
     batches = of_run(silver("batch")).filter(not_warm_start)
     checkpoints = of_run(CHECKPOINTS).sort("version")
     out = []
