@@ -360,6 +360,10 @@ def test_genenv_run_stops_on_a_bad_value_before_any_work(tmp_path):
         result = genenv_inline("run", "--lake", str(lake), *args)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
         assert result.stderr.strip().count("\n") == 0
+    # a worker started by hand for an async run is refused guidance too (check_async), before it opens the lake
+    result = genenv_inline("worker", "reward", "--run-id", "r1", "--lake", str(lake), "--set", "guidance=2")
+    assert result.returncode == 2 and "guidance is for the sync loop" in result.stderr, result.stderr
+    assert result.stderr.strip().count("\n") == 0
     assert not lake.exists()
 
 

@@ -58,7 +58,15 @@ def run(
     Every option of a run (curriculum, GRPO and RWR options with TRL's names, sizes, models, warm start) is listed
     with its value by `genenv config --profile P`; put any of them in a TOML file for --config (configs/ has
     examples), or override one with --set name=value (section.name=value for curriculum, agent, env)."""
-    from engine.coevolution import CoEvolution, LakeWriter, check_machine, check_plan, load_config, recorded_run_config
+    from engine.coevolution import (
+        CoEvolution,
+        LakeWriter,
+        check_async,
+        check_machine,
+        check_plan,
+        load_config,
+        recorded_run_config,
+    )
     from engine.lineage import metrics_from_lake, with_measures, write_report
 
     flags = [
@@ -75,10 +83,8 @@ def run(
             cfg = recorded_run_config(Lake(lake, create=False), resume)
         if cfg.epochs == 0 and not streaming:
             raise ValueError("epochs = 0 (until stopped) is for async runs: add --async")
-        if cfg.guidance and streaming:
-            raise ValueError(
-                "guidance is for the sync loop: an async reward worker holds no agent to score a reference"
-            )
+        if streaming:
+            check_async(cfg)
         check_machine(cfg)  # the device, and vLLM where it is asked for: before the broker, the lake or a model
         check_plan(cfg, asynchronous=streaming)
     check_output_folder(report, "--report")
@@ -274,7 +280,7 @@ def worker(
     set_: SetOpt = None,
 ) -> None:
     """One role of the async mode, as a long-running Kafka consumer (Ctrl-C or SIGTERM stops it)."""
-    from engine.coevolution import check_machine, check_run_id, load_config
+    from engine.coevolution import check_async, check_machine, check_run_id, load_config
     from engine.workers import ROLES
     from engine.workers import worker as role_worker
 
@@ -285,6 +291,7 @@ def worker(
     with bad_input():
         check_run_id(run_id)
         cfg = load_config(profile, config, list(set_ or ()))
+        check_async(cfg)
         check_machine(cfg)
     lake_ = Lake(lake, create=False)
     with kafka_bootstrap(bootstrap) as servers:

@@ -286,6 +286,12 @@ def check_machine(config: RunConfig) -> None:
             raise ValueError(f"backend = {config.backend} cannot run here: {why}; use --set backend=transformers")
 
 
+def check_async(config: RunConfig) -> None:
+    """ValueError for an option the async mode cannot honour: `genenv run --async` and `genenv worker` both ask."""
+    if config.guidance:
+        raise ValueError("guidance is for the sync loop: an async reward worker holds no agent to score a reference")
+
+
 def check_plan(config: RunConfig, asynchronous: bool = False) -> None:
     """ValueError when the run's memory plan (trainers/plan.py; the async mode's when asynchronous) cannot fit this
     machine's device; a run whose models the plan cannot size (a GGUF file, a hub id it does not know) is not
