@@ -19,7 +19,6 @@ from conftest import ROOT, genenv_cli, genenv_inline
 
 from engine.coevolution import (
     CurriculumConfig,
-    GeneratedTask,
     env_reward,
     in_band,
     in_band_share,
@@ -28,8 +27,8 @@ from engine.coevolution import (
     score_groups,
     to_toml,
 )
-from engine.coevolution.sync import nearest_first, refill_shortfall
-from engine.domains import Invalid, Task, get_domain
+from engine.coevolution.sync import refill_shortfall
+from engine.domains import Task, get_domain
 from lake import CHECKPOINTS, Lake, read_pool, read_table, silver
 from streams.events import RewardScored
 
@@ -116,21 +115,6 @@ def test_dynamic_sampling_refills_only_up_to_the_groups_the_update_trains():
     assert refill_shortfall(rewards, tasks_per_epoch=4, max_groups=3) == 1
     assert refill_shortfall(rewards, tasks_per_epoch=4, max_groups=2) == 0  # the update trains two; it has them
     assert refill_shortfall(rewards, tasks_per_epoch=1, max_groups=8) == 0
-
-
-@pytest.mark.unit
-def test_guidance_takes_the_lowest_level_failures_first():
-    """Guides go to the failed groups nearest what the agent already solves: the lowest level first, generation
-    order within a level, and a task without the domain's difficulty feature (or an invalid one) last."""
-
-    def task(task_id: str, level: float | None) -> GeneratedTask:
-        parsed = Task("p", "r", {} if level is None else {"level": level})
-        return GeneratedTask(task_id, "b", "", "", parsed, "1", 0)
-
-    failed = [task("a", 7), task("b", None), task("c", 1), task("d", 7), task("e", 2.5), task("f", 1)]
-    failed.append(GeneratedTask("g", "b", "", "", Invalid("no_call"), "1", 0))
-    assert [t.task_id for t in nearest_first(failed, "level")] == ["c", "f", "e", "a", "d", "b", "g"]
-    assert [t.task_id for t in nearest_first(failed, "")] == list("abcdefg")  # no feature: generation order
 
 
 # -- the checkers --------------------------------------------------------------------------------------

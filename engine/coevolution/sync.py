@@ -479,8 +479,7 @@ class CoEvolution:
         scores = self.scorer.groups(valid, successes, epoch)
         events += [e for pair in zip(rollouts, rewards) for e in pair] + scores
         if cfg.guidance:  # after the scores, which are of the agent's own rollouts; a resumed epoch's, the same again
-            failed = [t for t in valid if not any(successes[t.task_id])]
-            failed = nearest_first(failed, getattr(self.domain, "difficulty_feature", ""))[: cfg.guidance]
+            failed = [t for t in valid if not any(successes[t.task_id])][: cfg.guidance]
             for guide in self.rollouts.guidance(failed, epoch):
                 events += [guide, self.scorer.reward(by_id[guide.task_id], guide, producer=GUIDANCE)]
         lap("scoring")
@@ -614,19 +613,6 @@ def refill_shortfall(rewards: list[RewardScored], tasks_per_epoch: int, max_grou
     of them (0: every one), so once that many are mixed a refill would only add rollouts nobody trains on."""
     wanted = min(tasks_per_epoch, max_groups) if max_groups else tasks_per_epoch
     return max(0, wanted - informative_groups(rewards))
-
-
-def nearest_first(failed: list[GeneratedTask], feature: str) -> list[GeneratedTask]:
-    """The tasks whose groups all failed, the lowest difficulty level first (generation order within a level;
-    those without the domain's feature last): `RunConfig.guidance` guides the failures nearest what the agent
-    already solves, whose answer is a step from its own. In generation order, five of one run's 13 guides were
-    three-call answers at a level where the agent had solved no held-out item (docs/RESULTS.md, e167, e170)."""
-
-    def level(task: GeneratedTask) -> float:
-        value = task.parsed.difficulty.get(feature) if isinstance(task.parsed, Task) else None
-        return float(value) if isinstance(value, (int, float)) else math.inf
-
-    return sorted(failed, key=level)
 
 
 def _bounds(successes) -> dict:
