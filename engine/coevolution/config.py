@@ -73,8 +73,9 @@ class RunConfig:
     # checker like any other), and the agent's update trains them before any other mixed group. GRPO learns nothing
     # from a task it never solves; the reference makes that group mixed. Its curriculum scores, the simulator's
     # history and the report's success are the agent's own rollouts only. The sync loop only: an async reward
-    # worker holds no agent to take the reference's log-probabilities with. 0: none, the default: 4 was ahead of it
-    # by +0.013 on the same items over seeds 0-2 (docs/RESULTS.md, e162-e169).
+    # worker holds no agent to take the reference's log-probabilities with. 0: none, the default: over seeds 0-2, 4
+    # was ahead of it by +0.013 on the same items, and 2 given to the lowest levels first by +0.015, within one
+    # seed's spread (docs/RESULTS.md, e162-e172).
     guidance: int = 0
     validation_size: int = 200  # held-out tasks scored greedily (in batches) before training and after the last epoch
     # After the other epochs' updates, only the first validation_subset of them (stratified by level like the whole
