@@ -78,6 +78,30 @@ def test_repeated_prompts_are_encoded_once_and_sample_as_if_each_were_encoded(ti
 
 
 @pytest.mark.unit
+def test_an_answer_ends_at_its_first_stop_string_its_tokens_and_logprobs_cut_alike(tiny):
+    """A stop string (a domain's `agent_stop`) ends each answer at the token that completes it: the same samples as
+    without it up to there (the same seeds), the text, token ids and log-probabilities cut alike, and an answer
+    that never meets it left whole."""
+    tok = tiny.tokenizer
+    backend = TransformersBackend(tiny.model, tok, batch_size=3)
+    prompts = [render_prompt(tok, p) for p in ("What is 2+2?", "hi", "a longer prompt to force padding")]
+    free = backend.generate(prompts, SamplingConfig(max_new_tokens=16, temperature=1.0, seed=5))
+    stop = tok.decode(free[0].token_ids[4:6], skip_special_tokens=True)  # the first answer meets it by its 6th token
+    assert stop.strip()
+    cut = backend.generate(prompts, SamplingConfig(max_new_tokens=16, temperature=1.0, seed=5, stop=(stop,)))
+    assert len(cut[0].token_ids) <= 6
+    for whole, answer in zip(free, cut):
+        n = len(answer.token_ids)
+        assert answer.token_ids == whole.token_ids[:n] and len(answer.logprobs) == n
+        torch.testing.assert_close(torch.tensor(answer.logprobs), torch.tensor(whole.logprobs[:n]))
+        assert answer.text == tok.decode(answer.token_ids, skip_special_tokens=True)
+        if stop in whole.text:
+            assert stop in answer.text and stop not in tok.decode(answer.token_ids[:-1], skip_special_tokens=True)
+        else:
+            assert answer == whole
+
+
+@pytest.mark.unit
 def test_same_seed_same_samples(tiny):
     backend = TransformersBackend(tiny.model, tiny.tokenizer)
     prompts = [render_prompt(tiny.tokenizer, "x")] * 2

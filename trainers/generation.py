@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -39,6 +39,9 @@ class SamplingConfig:
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     seed: int = 0
+    # The answer ends where one of these first appears, kept in it (`cut_at_stop`): a domain's end of answer, e.g.
+    # the blank line after toolcall's calls. Every backend's generations are cut the same way.
+    stop: tuple[str, ...] = ()
 
 
 @dataclass
@@ -48,6 +51,20 @@ class Generation:
     text: str
     token_ids: list[int]  # completion tokens, the end-of-sequence token included when produced
     logprobs: list[float]  # one per completion token
+
+
+def cut_at_stop(generation: Generation, tokenizer, stop: tuple[str, ...]) -> Generation:
+    """The generation up to the token that completes its first stop string (that token kept), with its text, token
+    ids and log-probabilities cut alike, so that a trainer scores exactly the tokens the answer kept. A backend may
+    have stopped there itself (HF's stop_strings, vLLM's stop) or not; either way the cut is made here."""
+    if not stop or not any(s in generation.text for s in stop):
+        return generation
+    ids = generation.token_ids
+    for k in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        if any(s in text for s in stop):
+            return replace(generation, text=text, token_ids=ids[:k], logprobs=generation.logprobs[:k])
+    return generation
 
 
 def sample_seed(*parts) -> int:
@@ -250,6 +267,7 @@ class TransformersBackend:
             use_cache=True,
             pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
+            **({"stop_strings": list(sampling.stop), "tokenizer": tok} if sampling.stop else {}),
         )
         self.model.train(was_training)
         prompt_len = enc["input_ids"].shape[1]
@@ -261,15 +279,16 @@ class TransformersBackend:
             if tok.eos_token_id in ids:
                 ids = ids[: ids.index(tok.eos_token_id) + 1]
             prompt_ids = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
-            generations.append(
-                Generation(
-                    prompt=prompt,
-                    prompt_token_ids=prompt_ids,
-                    text=tok.decode(ids, skip_special_tokens=True),
-                    token_ids=ids,
-                    logprobs=logprobs[i, : len(ids)].tolist(),
-                )
+            # A row that met a stop string was padded after it with the pad token, which is the end-of-sequence
+            # token here: cut_at_stop takes the answer back to the stop string.
+            generation = Generation(
+                prompt=prompt,
+                prompt_token_ids=prompt_ids,
+                text=tok.decode(ids, skip_special_tokens=True),
+                token_ids=ids,
+                logprobs=logprobs[i, : len(ids)].tolist(),
             )
+            generations.append(cut_at_stop(generation, tok, sampling.stop))
         return generations
 
 
@@ -381,6 +400,8 @@ class VLLMBackend:
                 seed=seed,
                 logprobs=0,
                 structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar else None,
+                stop=list(sampling.stop) or None,
+                include_stop_str_in_output=True,
             )
             for seed, grammar in zip(prompt_seeds(sampling, len(prompts), seeds), grammars)
         ]
@@ -391,7 +412,8 @@ class VLLMBackend:
             completion = request.outputs[0]
             ids = list(completion.token_ids)
             logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs, ids)]
-            out.append(Generation(prompt, list(request.prompt_token_ids), completion.text, ids, logprobs))
+            generation = Generation(prompt, list(request.prompt_token_ids), completion.text, ids, logprobs)
+            out.append(cut_at_stop(generation, self.tokenizer, sampling.stop))
         if progress:
             progress(len(out), len(prompts))
         return out
@@ -447,6 +469,8 @@ class VLLMServerBackend:
             prompts, prompt_token_ids(self.tokenizer, prompts), prompt_seeds(sampling, len(prompts), seeds), grammars
         ):
             extra = {"seed": seed, **({"structured_outputs": {"grammar": grammar}} if grammar else {})}
+            if sampling.stop:
+                extra |= {"stop": list(sampling.stop), "include_stop_str_in_output": True}
             answer = self.client.generate(
                 [ids],
                 temperature=0.0 if greedy else sampling.temperature,
@@ -458,7 +482,8 @@ class VLLMServerBackend:
             completion = answer["completion_ids"][0]
             logprobs = [entry[0] for entry in answer["logprobs"][0]]  # the sampled token's, first of each entry
             text = self.tokenizer.decode(completion, skip_special_tokens=True)
-            out.append(Generation(prompt, list(answer["prompt_ids"][0]), text, list(completion), logprobs))
+            generation = Generation(prompt, list(answer["prompt_ids"][0]), text, list(completion), logprobs)
+            out.append(cut_at_stop(generation, self.tokenizer, sampling.stop))
             if progress:
                 progress(len(out), len(prompts))
         return out

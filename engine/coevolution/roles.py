@@ -250,8 +250,10 @@ class ModelRole:
         if not prompts:
             return []
         cfg = self.config
+        # The agent's answers end where the domain says an answer ends (`agent_stop`), in rollouts and validation alike.
+        stop = tuple(getattr(self.domain, "agent_stop", ())) if self.kind == "agent" else ()
         sampling = SamplingConfig(
-            max_new_tokens=max_new_tokens, temperature=0.0 if greedy else self.temperature, seed=cfg.seed
+            max_new_tokens=max_new_tokens, temperature=0.0 if greedy else self.temperature, seed=cfg.seed, stop=stop
         )
         return self.backend().generate(prompts, sampling, seeds=seeds, progress=progress, grammars=grammars)
 

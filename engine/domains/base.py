@@ -49,6 +49,8 @@ class SimulatorRequest:
 class Domain(Protocol):
     name: str
     agent_system: str  # the agent's system prompt
+    # Optional: `agent_stop`, strings that end an agent's answer where they first appear (trainers.cut_at_stop), for
+    # a domain whose answer has a form that says where it is complete (toolcall: a blank line after the calls).
 
     # A domain whose request offers a choice of candidates (toolcall) also has `choices` (how many) and takes
     # simulator_request(..., choice=i), whose grammar admits candidate i alone: the run's exploration,
