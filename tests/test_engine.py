@@ -420,6 +420,12 @@ def test_a_quick_run_leaves_every_kind_of_record_in_the_lake(quick_run):
         metrics["validation_after"] - metrics["validation_before"], abs=1e-3
     )
     assert (report / "learning.png").is_file() and metrics["phases"]["warm_start"]["peak_rss_gb"] > 0
+    # The items behind those figures: each held-out item's answers before and after, with the checker's verdicts.
+    answers = [json.loads(line) for line in (report / "validation.jsonl").read_text().splitlines()]
+    assert [a["item"] for a in answers] == list(range(6))
+    for when in ("before", "after"):
+        assert all(isinstance(a[when]["answer"], str) and a[when]["detail"] for a in answers)
+        assert sum(a[when]["success"] for a in answers) / 6 == pytest.approx(metrics[f"validation_{when}"], abs=1e-3)
     # what the run's dtype resolved to: the quick profile pins fp32, so it is fp32 on every CPU (on one with native
     # bf16 this test once expected the default's bf16, and failed there)
     assert metrics["precision"] == {"device": "cpu", "dtype": "fp32"}

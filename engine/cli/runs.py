@@ -123,6 +123,7 @@ def run(
         engine.initial_validation.by_level,
         engine.final_benchmark,
         engine.learning(),
+        engine.validation_answers(),
     )
     if report is None and lake_.files.remote:
         lake_.files.upload_folder(relative)

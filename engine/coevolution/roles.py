@@ -134,6 +134,8 @@ class Validation:
     accuracy: float
     by_level: dict[str, float] = field(default_factory=dict)
     successes: tuple[bool, ...] = ()  # item by item, in the set's order: what a paired gain compares
+    answers: tuple[str, ...] = ()  # the greedy answers, item by item (the report's validation.jsonl)
+    details: tuple[str, ...] = ()  # the checker's verdict on each
 
 
 def _quiet(done: int, total: int) -> None:
@@ -588,7 +590,8 @@ class Rollouts(ModelRole):
             answers = [
                 g.text for g in self.generate(prompts, self.config.agent_max_new_tokens, greedy=True, progress=progress)
             ]
-        successes = [self.domain.check(t, answer).success for t, answer in zip(tasks, answers)]
+        verdicts = [self.domain.check(t, answer) for t, answer in zip(tasks, answers)]
+        successes = [v.success for v in verdicts]
         feature = getattr(self.domain, "difficulty_feature", "")
         by_level: dict[str, list[bool]] = {}
         for task, success in zip(tasks, successes):
@@ -599,6 +602,8 @@ class Rollouts(ModelRole):
             round(sum(successes) / max(len(tasks), 1), 4),
             {level: round(sum(s) / len(s), 4) for level, s in sorted(by_level.items(), key=lambda x: float(x[0]))},
             tuple(successes),
+            tuple(answers),
+            tuple(v.detail for v in verdicts),
         )
 
 

@@ -252,6 +252,25 @@ class CoEvolution:
             "peak_rss_gb": peak_rss_gb(),
         }
 
+    def validation_answers(self) -> list[dict]:
+        """The whole held-out set's greedy answers before training and after the last epoch, item by item, with
+        the checker's verdicts: what the gain counts, for the report's validation.jsonl. [] where either was not
+        made in this process (a resumed run's first validation was made before it)."""
+        before, after = self.initial_validation, self.final_validation
+        if not (before.answers and after.answers):
+            return []
+        feature = getattr(self.domain, "difficulty_feature", "")
+        return [
+            {
+                "item": i,
+                "level": task.difficulty.get(feature),
+                "prompt": self.domain.agent_prompt(task),
+                "before": {"answer": before.answers[i], "success": before.successes[i], "detail": before.details[i]},
+                "after": {"answer": after.answers[i], "success": after.successes[i], "detail": after.details[i]},
+            }
+            for i, task in enumerate(self.validation)
+        ]
+
     def resume(self) -> list[EpochMetrics]:
         """Continue this run (its run id) from what its lake holds, after the process or its broker died.
 

@@ -224,9 +224,12 @@ def write_report(
     initial_by_level: dict[str, float] | None = None,
     final_benchmark: dict | None = None,
     learning: dict | None = None,
+    validation_answers: list[dict] | None = None,
 ) -> Path:
     """learning: what the run taught (CoEvolution.learning: optimiser steps, the paired gain, the learning curve,
-    each phase's time and peak RSS), at the top level of metrics.json and drawn in learning.png."""
+    each phase's time and peak RSS), at the top level of metrics.json and drawn in learning.png. validation_answers:
+    the held-out set's answers before and after training, item by item (CoEvolution.validation_answers), one JSON
+    line each in validation.jsonl: which items the gain won and lost, and how."""
     folder.mkdir(parents=True, exist_ok=True)
     # What `dtype = "auto"` and `device = "auto"` were on this machine: bf16 where the CPU multiplies it in hardware,
     # else fp32, whose run takes about 1.45 times as long (docs/RESULTS.md); config.toml keeps what was asked.
@@ -249,6 +252,8 @@ def write_report(
         )
     )
     (folder / "config.toml").write_text(to_toml(config))
+    if validation_answers:
+        (folder / "validation.jsonl").write_text("".join(json.dumps(row) + "\n" for row in validation_answers))
     for name in PLOTS:
         draw(name, metrics, config.curriculum, folder / f"{name}.png", initial_by_level)
     if learning and learning.get("learning_curve"):
@@ -279,6 +284,11 @@ def write_report(
     )
     choices = "\n".join(
         f"| {m.epoch} | {histogram_text(m.chosen_levels)} | {histogram_text(m.offered_levels)} |" for m in metrics
+    )
+    answers_link = (
+        "; the held-out answers before and after training, item by item: [validation.jsonl](validation.jsonl)"
+        if validation_answers
+        else ""
     )
     page = f"""# genenv run {run_id}
 
@@ -322,7 +332,7 @@ columns: levels):
 ![success per level](calibration.png)
 ![held-out success per level](levels.png)
 
-Configuration: [config.toml](config.toml); per-epoch metrics: [metrics.json](metrics.json).
+Configuration: [config.toml](config.toml); per-epoch metrics: [metrics.json](metrics.json){answers_link}.
 Audit any task with `genenv lake status --lake {lake_root}` and the tables under it.
 """
     path = folder / "report.md"
