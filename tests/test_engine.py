@@ -45,6 +45,17 @@ def test_env_reward_peaks_at_alpha_and_falls_off_with_beta():
 
 
 @pytest.mark.unit
+def test_a_lead_moves_the_reward_below_the_band_and_leaves_the_band_where_it_was():
+    config = CurriculumConfig(alpha=0.5, beta=10.0, k=0.25, lead=0.2)
+    assert env_reward(0.3, config) == 1.0
+    assert env_reward(0.1, config) == pytest.approx(env_reward(0.5, config)) == pytest.approx(math.exp(-0.4))
+    assert env_reward(0.0, config) > env_reward(1.0, config)
+    assert in_band(0.25, config) and in_band(0.75, config) and not in_band(0.2, config)
+    with pytest.raises(ValueError, match="alpha - lead"):
+        CurriculumConfig(alpha=0.5, lead=0.6).check()
+
+
+@pytest.mark.unit
 def test_batch_and_task_granularity_on_hand_computed_groups():
     successes = {"a": [True, True, False, False], "b": [True, True, True, True], "c": []}  # c: an invalid task
     (batch,) = score_groups("b0", successes, CurriculumConfig(granularity="batch", beta=10, weight_temperature=0.5))

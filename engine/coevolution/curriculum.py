@@ -5,11 +5,14 @@ one batch of tasks, as in the paper; one task's G rollouts; or the tasks of one 
 since the level is what the simulator chooses, and with few tasks an epoch a task's G rollouts are mostly all
 right or all wrong at any level, so that only a level's pooled success can sit in the band):
 
-    R_env(p_hat) = exp(-beta * (p_hat - alpha)^2)      highest (1) at p_hat = alpha
+    R_env(p_hat) = exp(-beta * (p_hat - alpha + lead)^2)  highest (1) at p_hat = alpha - lead
     filtered     = |p_hat - alpha| > k                 left out of the simulator's update
     weight       = exp(R_env / T)                      the RWR weight before normalisation
 
-The paper uses alpha = 0.5 and k = 0.1.
+The paper uses alpha = 0.5, k = 0.1 and no lead. The lead aims the reward below the band, which is still
+measured around alpha: the agent's update after an epoch trains exactly its mixed groups, so a level in the band
+in epoch e has risen by epoch e + 1 (docs/RESULTS.md), and a simulator rewarded at alpha chases a band the agent
+has already left.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class CurriculumConfig:
     alpha: float = 0.5  # the target success rate
     beta: float = 10.0  # sharpness of R_env around alpha
     k: float = 0.1  # half-width of the band kept for the simulator's update
+    lead: float = 0.0  # R_env peaks at alpha - lead: where a task should be before the agent's update raises it
     granularity: Literal["batch", "task", "level"] = "batch"
     weight_temperature: float = 0.2  # T of the RWR weight exp(R_env / T)
 
@@ -34,12 +38,14 @@ class CurriculumConfig:
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
         if self.beta < 0 or self.k < 0 or self.weight_temperature <= 0:
             raise ValueError("beta and k must be >= 0 and weight_temperature > 0")
+        if not 0 <= self.alpha - self.lead <= 1:
+            raise ValueError(f"alpha - lead must be in [0, 1], got {self.alpha - self.lead:g}")
         if self.granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, got {self.granularity!r}")
 
 
 def env_reward(p_hat: float, config: CurriculumConfig) -> float:
-    return math.exp(-config.beta * (p_hat - config.alpha) ** 2)
+    return math.exp(-config.beta * (p_hat - config.alpha + config.lead) ** 2)
 
 
 def in_band(p_hat: float, config: CurriculumConfig) -> bool:
