@@ -289,3 +289,9 @@ def test_an_ablation_with_a_shared_warm_start_warm_starts_once_for_all_its_seeds
     warm_agent = warm.filter(pl.col("model_kind") == "agent")["version"][0]
     later = registry.filter((pl.col("run_id") == runs["seeds-only"][1]["run_id"]) & (pl.col("model_kind") == "agent"))
     assert later["parent_version"].to_list() == [warm_agent]  # seed 1's one update, on seed 0's warm start
+    for mode in modes:  # each run's held-out answers, the same items before training in every run
+        for run in runs[mode]:
+            rows = (tmp_path / f"validation-{mode}-seed{run['seed']}.jsonl").read_text().splitlines()
+            answers = [json.loads(row) for row in rows]
+            for when, accuracy in (("before", run["initial"]), ("after", run["validation"][-1])):
+                assert sum(a[when]["success"] for a in answers) / len(answers) == pytest.approx(accuracy, abs=1e-3)

@@ -24,7 +24,7 @@ from .config import (
     to_toml,
 )
 from .curriculum import CurriculumConfig, GroupScore, env_reward, in_band, in_band_share, score_groups
-from .experiment import run_ablation
+from .experiment import run_ablation, write_answers
 from .progress import Phase, Say, no_phase
 from .roles import (
     GeneratedTask,
@@ -75,6 +75,7 @@ __all__ = [
     "record_run_config",
     "recorded_run_config",
     "run_ablation",
+    "write_answers",
     "run_config_path",
     "run_version",
     "score_groups",

@@ -5,7 +5,9 @@ same number of rollouts; what differs is where its tasks come from. Every mode o
 start (or every seed from the first seed's: `share_warm_start`). The table gives, per mode, the mean over seeds and a
 95% bootstrap interval of each measure (MEASURES: validation, its gain, the in-band share over the last half of the
 epochs, the simulator's selection bias and its trend, informative groups), and the paired differences against
-genenv-random; the plot, validation accuracy, in-band share and selection bias per epoch per mode.
+genenv-random; the plot, validation accuracy, in-band share and selection bias per epoch per mode. Each run's
+held-out answers before and after training go beside them (validation-<mode>-seed<seed>.jsonl), as a run's report
+keeps them.
 """
 
 from __future__ import annotations
@@ -107,7 +109,16 @@ def run_seeds(
                 }
             )
             (out / "runs.json").write_text(json.dumps(results, indent=2))  # progress survives an interruption
+            write_answers(out / f"validation-{mode}-seed{seed}.jsonl", engine.validation_answers())
     return results
+
+
+def write_answers(path: Path, answers: list[dict]) -> None:
+    """A run's held-out answers before and after training, one item a line (CoEvolution.validation_answers): which
+    items a mode's gain won and lost, and, beside another mode's file of the same seed, which items the two differ
+    on. Nothing is written where the run has none."""
+    if answers:
+        path.write_text("".join(json.dumps(row) + "\n" for row in answers))
 
 
 def run_jobs(
@@ -140,6 +151,8 @@ def run_jobs(
             results[mode] += runs
     for runs in results.values():
         runs.sort(key=lambda r: r["seed"])
+    for answers in out.glob("job*/validation-*.jsonl"):
+        answers.replace(out / answers.name)
     (out / "runs.json").write_text(json.dumps(results, indent=2))
     say(f"[ablation] {seeds} seeds in {len(processes)} jobs: lakes {lake.root}/job<i>")
     return results

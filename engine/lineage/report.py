@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..coevolution import CurriculumConfig, EpochMetrics, RunConfig, to_toml  # noqa: E402
+from ..coevolution import CurriculumConfig, EpochMetrics, RunConfig, to_toml, write_answers  # noqa: E402
 from .fields import nan_to_none  # noqa: E402
 
 
@@ -253,7 +253,7 @@ def write_report(
     )
     (folder / "config.toml").write_text(to_toml(config))
     if validation_answers:
-        (folder / "validation.jsonl").write_text("".join(json.dumps(row) + "\n" for row in validation_answers))
+        write_answers(folder / "validation.jsonl", validation_answers)
     for name in PLOTS:
         draw(name, metrics, config.curriculum, folder / f"{name}.png", initial_by_level)
     if learning and learning.get("learning_curve"):
