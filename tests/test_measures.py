@@ -249,6 +249,8 @@ def test_an_ablation_runs_its_modes_from_one_warm_start_and_summarises_them(lake
     paired = [a["validation"][-1] - b["validation"][-1] for a, b in zip(runs["genenv"], runs[BASELINE])]
     assert table[f"paired_vs_{BASELINE}"]["genenv"]["final_validation"]["mean"] == pytest.approx(sum(paired) / 2)
     assert set(json.loads((tmp_path / "ablation.json").read_text())["modes"]["genenv"]) == set(MEASURES)
+    answers = sorted(path.name for path in tmp_path.glob("**/validation-*.jsonl"))  # moved out of the job folders
+    assert answers == sorted(f"validation-{mode}-seed{seed}.jsonl" for mode in runs for seed in (0, 1))
     assert (tmp_path / "ablation.png").stat().st_size > 0 and "paired" in (tmp_path / "ablation.md").read_text().lower()
 
 

@@ -75,10 +75,10 @@ __all__ = [
     "record_run_config",
     "recorded_run_config",
     "run_ablation",
-    "write_answers",
     "run_config_path",
     "run_version",
     "score_groups",
     "task_of",
     "to_toml",
+    "write_answers",
 ]
