@@ -22,6 +22,10 @@ def plot_success(metrics: list[EpochMetrics], curriculum: CurriculumConfig, path
         alpha - k, alpha + k, color="tab:green", alpha=0.15, label=f"alpha band [{alpha - k:.2f}, {alpha + k:.2f}]"
     )
     ax.axhline(alpha, color="tab:green", lw=1)
+    if curriculum.lead:  # the simulator's reward peaks below the band it is measured by
+        ax.axhline(
+            alpha - curriculum.lead, color="tab:green", lw=1, ls="--", label=f"R_env peak {alpha - curriculum.lead:.2f}"
+        )
     ax.plot(epochs, [m.agent_success for m in metrics], "o-", label="agent success on simulator tasks")
     for m in metrics:
         ax.scatter([m.epoch] * len(m.batch_p_hats), m.batch_p_hats, s=12, color="tab:gray", alpha=0.6)
