@@ -273,6 +273,25 @@ def test_an_ablations_later_modes_keep_the_ptx_term_of_the_shared_warm_start(bro
 
 
 @pytest.mark.e2e
+def test_an_ablation_stops_before_a_run_when_the_runs_to_come_would_not_fit(broker, lake, tmp_path, monkeypatch):
+    """Once a run has ended, the runs still to come, each writing what it wrote, are weighed against the disk's free
+    space: with less free than that the ablation stops with one line (a LakeError, which the CLI prints as one)
+    before the next run, and runs.json keeps the run that ended."""
+    import shutil
+    from types import SimpleNamespace
+
+    from engine.coevolution import run_ablation
+    from lake import LakeError
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(total=2**40, used=2**40 - 1, free=1))
+    base = load_config("quick", None, ["epochs=1", "warm_start_epochs=10"])
+    with pytest.raises(LakeError, match=r"runs still to come would write about .* GB of checkpoints"):
+        run_ablation(base, 2, lake, broker.bootstrap, tmp_path, say=lambda *_: None, modes=("genenv", "seeds-only"))
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    assert [r["seed"] for r in runs["genenv"]] == [0] and runs["seeds-only"] == []
+
+
+@pytest.mark.e2e
 def test_an_ablation_with_a_shared_warm_start_warm_starts_once_for_all_its_seeds(broker, lake, tmp_path):
     """--share-warm-start: the second seed's runs start from the first seed's warm-started checkpoints and its
     validation before training, so the lake holds one warm start of each role however many seeds ran. seeds-only as

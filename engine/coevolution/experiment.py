@@ -8,6 +8,11 @@ epochs, the simulator's selection bias and its trend, informative groups), and t
 genenv-random; the plot, validation accuracy, in-band share and selection bias per epoch per mode. Each run's
 held-out answers before and after training go beside them (validation-<mode>-seed<seed>.jsonl), as a run's report
 keeps them.
+
+An ablation's runs keep every checkpoint (a run's epochs stay replayable), about 2.6 GB an epoch at the default: the
+last powered one took 53 GB and filled its disk a minute after it ended (docs/RESULTS.md). So on a local lake, once
+its first run has ended, the ablation weighs what that run wrote against the disk's free space for the runs still to
+come, and stops there with one line if they cannot fit, rather than an hour later with a full disk.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from lake import Lake
+from lake import Lake, LakeError
 
 from .config import MODES, RunConfig
 from .stats import finite as _finite
@@ -67,9 +73,12 @@ def run_ablation(
 def run_seeds(
     base: RunConfig, seeds, lake: Lake, servers: str, out: Path, say, modes, phase, measure, share_warm_start=False
 ) -> dict:
-    """Each seed's runs, one after the other, with runs.json in `out` rewritten after each run."""
+    """Each seed's runs, one after the other, with runs.json in `out` rewritten after each run; before each run after
+    the first, `check_room` (with --jobs, each job weighs its own runs)."""
     results: dict[str, list[dict]] = {mode: [] for mode in modes}
     start_from, initial = (0, 0), None
+    runs_left = len(seeds) * (1 + sum(m != "genenv" for m in modes))
+    written = None  # the checkpoint bytes the last run wrote (None before the first, and on a remote lake)
     for seed in seeds:
         if not share_warm_start:
             start_from, initial = (0, 0), None
@@ -79,7 +88,10 @@ def run_seeds(
             # from.
             warm = base.warm_start and start_from == (0, 0)
             config = dataclasses.replace(base, mode=mode, seed=seed, run_id="", warm_start=warm)
+            if written is not None:
+                check_room(lake, written, runs_left)
             say(f"[ablation] {mode}, seed {seed}")
+            before = checkpoint_bytes(lake)
             with LakeWriter(lake, servers) as writer:
                 engine = CoEvolution(config, lake, writer, say=say, start_from=start_from, phase=phase)
                 if initial is not None:  # the same models as the seed's first run: its validation holds
@@ -87,6 +99,8 @@ def run_seeds(
                 metrics = measure(engine.run(), lake, engine.run_id)
             if warm or initial is None:
                 start_from, initial = engine.warm_started, engine.initial_validation
+            written = None if before is None else checkpoint_bytes(lake) - before
+            runs_left -= 1
             if mode not in modes:
                 continue
             results[mode].append(
@@ -111,6 +125,27 @@ def run_seeds(
             (out / "runs.json").write_text(json.dumps(results, indent=2))  # progress survives an interruption
             write_answers(out / f"validation-{mode}-seed{seed}.jsonl", engine.validation_answers())
     return results
+
+
+def checkpoint_bytes(lake: Lake) -> int | None:
+    """What a local lake's checkpoint folders hold on disk; None for a remote lake (its disk is not this machine's)."""
+    if lake.files.remote:
+        return None
+    folder = lake.files.local("checkpoints")
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+
+
+def check_room(lake: Lake, written: int, runs_left: int) -> None:
+    """LakeError (one line) when the `runs_left` runs still to come, each writing what the last one did (`written`
+    bytes of checkpoints), would not fit in the free space of the local lake's disk."""
+    needed, free = written * runs_left, shutil.disk_usage(lake.files.local("")).free
+    if needed > free:
+        raise LakeError(
+            f"the ablation's {runs_left} runs still to come would write about {needed / 1e9:.1f} GB of checkpoints "
+            f"(the last run wrote {written / 1e9:.1f} GB) and the disk of {lake.root} has {free / 1e9:.1f} GB free: "
+            "stopped before it fills; give it a lake with room (--lake) or fewer --seeds (the runs done are in "
+            "runs.json)"
+        )
 
 
 def write_answers(path: Path, answers: list[dict]) -> None:
