@@ -527,10 +527,12 @@ def test_a_second_ingestor_refuses_before_writing_and_takes_over_once_the_owner_
 
 
 @pytest.mark.e2e
-def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
-    """SIGKILL a sync run (and its embedded broker) just after its first GRPO checkpoint is registered; `genenv run
-    --resume` finishes it: every epoch is in the lake, every valid task has its rollouts and one score, and the
-    report covers every epoch."""
+def test_a_sync_run_whose_broker_dies_says_how_to_resume_and_the_resume_finishes_it(tmp_path):
+    """SIGKILL the embedded broker of a sync run just after its first GRPO checkpoint is registered: the run stops
+    (exit 1) with one line that names the command to continue it, and that command (a fresh broker) finishes it:
+    every epoch is in the lake, every valid task has its rollouts and one score, and the report covers every
+    epoch. (The lake a killed broker leaves is the lake a killed run leaves: some of an epoch landed, the rest not;
+    a resume reads only the lake.)"""
     root = tmp_path / "lake"
     background = Background(
         tmp_path,
@@ -559,13 +561,19 @@ def test_a_killed_sync_run_is_resumed_from_the_lake(tmp_path):
         assert trained and run.poll() is None, (
             f"the run should be alive with one GRPO update made: {background.output()}"
         )
-        family = [run.pid] + [p.pid for p in psutil.Process(run.pid).children(recursive=True)]
-        for pid in family:
-            os.kill(pid, signal.SIGKILL)
+        for process in psutil.Process(run.pid).children(recursive=True):
+            if "tansu" in process.name():
+                process.kill()
+        out, err = background.finish(timeout=420)  # its next publish fails once the producer's timeout passes
     finally:
-        run.wait()
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 1, out[-2000:] + err[-2000:]
     (config,) = (root / "runs").glob("*.toml")
     run_id = config.stem
+    (line,) = [text for text in err.splitlines() if "error:" in text]
+    assert "Kafka" in line and f"genenv run --resume {run_id} --lake {root}" in line, err[-2000:]
     resumed = resume(tmp_path, root, run_id)
     assert f"resuming run {run_id} after epoch" in resumed
     lake = Lake(root, create=False)

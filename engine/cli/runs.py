@@ -105,9 +105,25 @@ def run(
                 raise typer.Exit(1) from None
             metrics = metrics_from_lake(lake_, engine.run_id)
         else:
-            with LakeWriter(lake_, servers) as writer:
-                engine = CoEvolution(cfg, lake_, writer, say=console.print, phase=phase)
-                metrics = engine.resume() if resume else engine.run()
+            from kafka.errors import KafkaError
+
+            engine = None
+            try:
+                with LakeWriter(lake_, servers) as writer:
+                    engine = CoEvolution(cfg, lake_, writer, say=console.print, phase=phase)
+                    metrics = engine.resume() if resume else engine.run()
+            except KafkaError as exc:  # the broker went away mid-run: exit 1, with the command to continue it
+                if engine is None:
+                    raise
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                again = f"genenv run --resume {engine.run_id} --lake {lake_.root}"
+                again += f" --bootstrap {bootstrap}" if bootstrap else ""
+                err.print(
+                    f"[bold red]error:[/] {escape(f'Kafka: {first}')}; what landed stays in the lake: continue the "
+                    f"run with `{escape(again)}`",
+                    highlight=False,
+                )
+                raise typer.Exit(1) from None
         if resume:
             metrics = metrics_from_lake(lake_, engine.run_id)  # every epoch, the ones before the resume too
         else:
