@@ -10,9 +10,9 @@ held-out answers before and after training go beside them (validation-<mode>-see
 keeps them.
 
 An ablation's runs keep every checkpoint (a run's epochs stay replayable), about 2.6 GB an epoch at the default: the
-last powered one took 53 GB and filled its disk a minute after it ended (docs/RESULTS.md). So on a local lake, once
-its first run has ended, the ablation weighs what that run wrote against the disk's free space for the runs still to
-come, and stops there with one line if they cannot fit, rather than an hour later with a full disk.
+last powered one took 53 GB and filled its disk a minute after it ended (docs/RESULTS.md). So on a local lake, before
+each run after the first, the ablation weighs what the last run wrote, times the runs still to come, against the
+disk's free space, and stops there with one line if they cannot fit, rather than an hour later with a full disk.
 """
 
 from __future__ import annotations
