@@ -79,6 +79,7 @@ def run_seeds(
     start_from, initial = (0, 0), None
     runs_left = len(seeds) * (1 + sum(m != "genenv" for m in modes))
     written = None  # the checkpoint bytes the last run wrote (None before the first, and on a remote lake)
+    held = checkpoint_bytes(lake)  # what the checkpoint folders hold now: one walk of them a run, after it
     for seed in seeds:
         if not share_warm_start:
             start_from, initial = (0, 0), None
@@ -91,7 +92,6 @@ def run_seeds(
             if written is not None:
                 check_room(lake, written, runs_left)
             say(f"[ablation] {mode}, seed {seed}")
-            before = checkpoint_bytes(lake)
             with LakeWriter(lake, servers) as writer:
                 engine = CoEvolution(config, lake, writer, say=say, start_from=start_from, phase=phase)
                 if initial is not None:  # the same models as the seed's first run: its validation holds
@@ -99,7 +99,9 @@ def run_seeds(
                 metrics = measure(engine.run(), lake, engine.run_id)
             if warm or initial is None:
                 start_from, initial = engine.warm_started, engine.initial_validation
-            written = None if before is None else checkpoint_bytes(lake) - before
+            if held is not None:
+                now = checkpoint_bytes(lake)
+                written, held = now - held, now
             runs_left -= 1
             if mode not in modes:
                 continue
