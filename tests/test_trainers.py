@@ -233,6 +233,37 @@ def test_the_ptx_term_trains_the_warm_start_answers_beside_grpo():
 
 
 @pytest.mark.unit
+def test_the_ptx_rows_continue_across_a_lineages_updates_until_every_answer_is_trained():
+    """Each update takes its ptx rows from where the lineage's earlier updates left the anchor's order. Started again
+    from the top each update, the default's updates of 8 micro-batches of 2 rows trained the same 16 of the warm
+    start's 24 answers every time, and never the other 8 (docs/RESULTS.md, "The ptx rows in turn")."""
+    from trainers import OptimizerState
+
+    agent = load_model("tiny", seed=0)
+    tok = agent.tokenizer
+    texts = ["abc", "def", "ghi", "jkl", "mno", "pqr"]
+    anchor = pl.DataFrame({"prompt": [render_prompt(tok, f"recite {i}") for i in range(6)], "text": texts})
+    config = GRPOConfig(
+        learning_rate=1e-4, per_device_train_batch_size=16, filter_groups=False, num_iterations=2, ptx_coef=0.3
+    )
+    trainer = GRPOTrainer(agent.model, tok, config, anchor=anchor)
+    rows, _ = select_rollouts(rollout_rows(sample(agent, [render_prompt(tok, "count")], 16, seed=5), 16), 0, config)
+    state, trained = OptimizerState(), []
+    for _ in range(3):  # one micro-batch an update, seen twice (num_iterations): 2 steps, 2 anchor rows
+        (batch,) = trainer.micro_batches(rows, state.step)
+        answers = batch.reference_answers
+        trained.append(
+            {
+                tok.decode(ids[mask.bool()], skip_special_tokens=True)
+                for ids, mask in zip(answers.completion_ids, answers.completion_mask)
+            }
+        )
+        trainer.train(rows, state=state)
+    assert state.step == 6
+    assert all(len(update) == 2 for update in trained) and set().union(*trained) == set(texts), trained
+
+
+@pytest.mark.unit
 def test_the_grpo_term_runs_its_forward_pass_after_the_ptx_terms_backward():
     """A micro-batch's loss comes in terms that `optimise` backpropagates one at a time, so the ptx rows' forward
     pass never shares memory with the GRPO rows' activations; the gradients are those of the terms' sum."""

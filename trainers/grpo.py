@@ -180,10 +180,11 @@ class GRPOTrainer(Trainer):
     def passes(self) -> int:
         return self.config.num_iterations
 
-    def micro_batches(self, rows: pl.DataFrame) -> list[MicroBatch]:
+    def micro_batches(self, rows: pl.DataFrame, step: int = 0) -> list[MicroBatch]:
         """Advantages over each task's group, then micro-batches in a seeded order of tasks, a task's rollouts
         side by side (so a micro-batch encodes their shared prompt once: trainers/batching.py), with every
-        log-probability that does not depend on the weights being trained computed up front."""
+        log-probability that does not depend on the weights being trained computed up front. step: the lineage's
+        optimiser steps before this update (where the ptx term's rows continue from: `reference_answers`)."""
         cfg = self.config
         rewards = torch.tensor(rows["reward"].to_list(), dtype=torch.float32)
         task_ids = rows["task_id"].to_list()
@@ -225,7 +226,7 @@ class GRPOTrainer(Trainer):
             weights = torch.exp(old - behaviour).clamp(max=cfg.importance_sampling_cap)
             ref = self.reference_logps(tokens, cfg.temperature)
             batches.append(MicroBatch(tokens, old, advantages[indices], weights, ref))
-        for i, batch in enumerate(self.reference_answers(len(batches))):
+        for i, batch in enumerate(self.reference_answers(len(batches), step)):
             batches[i].reference_answers = batch
         steps = cfg.gradient_accumulation_steps  # the micro-batches of a step, as `optimise` groups them
         for start in range(0, len(batches), steps):
@@ -235,18 +236,23 @@ class GRPOTrainer(Trainer):
                 mb.step_tokens = tokens / len(step)
         return batches
 
-    def reference_answers(self, n: int) -> list[TokenBatch]:
-        """ptx_batch_size anchor rows for each of n micro-batches: the anchor in a seeded order, taken in turn (and
-        again from the start when it runs out), each rank from its own place in that order."""
+    def reference_answers(self, n: int, step: int = 0) -> list[TokenBatch]:
+        """ptx_batch_size anchor rows for each of n micro-batches: the anchor in one seeded order, taken in turn from
+        where the lineage's earlier updates left it (and again from the start when it runs out), each rank from its
+        own place in that order. Where the earlier updates left it is counted from the lineage's optimiser steps
+        (`step`): steps x gradient_accumulation_steps / num_iterations micro-batches came before this update.
+        Each update used to start again from the top of the order: the default's updates of 8 micro-batches of 2
+        rows took the same 16 of the warm start's 24 answers every time, and never the other 8 (docs/RESULTS.md,
+        "The ptx rows in turn")."""
         if self.anchor is None:
             return []
         cfg, tok, rows = self.config, self.tokenizer, self.anchor
         prompts, answers = supervised_ids(tok, rows["prompt"].to_list(), rows["text"].to_list())
         order = torch.randperm(rows.height, generator=torch.Generator().manual_seed(cfg.seed + 1)).tolist()
-        size = cfg.ptx_batch_size
+        size, before = cfg.ptx_batch_size, step * cfg.gradient_accumulation_steps // cfg.num_iterations
         batches = []
         for i in range(n):
-            start = (i * self.world + self.rank) * size
+            start = ((before + i) * self.world + self.rank) * size
             indices = [order[(start + j) % rows.height] for j in range(size)]
             batches.append(pack([prompts[k] for k in indices], [answers[k] for k in indices], tok.pad_token_id))
         return batches

@@ -265,12 +265,13 @@ class Trainer:
     term, the compute context, this rank's place among the processes, and the update itself: micro-batches built
     once, then `passes` sweeps of optimiser steps (`optimise`). A trainer says only what differs:
 
-        kl_option                the config field of the KL coefficient (its reference model is required when > 0)
-        passes                   sweeps over the micro-batches per update
-        micro_batches(rows)      the update's micro-batches, with every log-probability that does not move
-        loss(micro_batch, model) its mean loss in terms, each with its metrics (a generator: `optimise`
-                                 backpropagates a term before asking for the next; forward passes under `compute`)
-        summary(rows, batches)   the update's own metrics beside the optimiser's
+        kl_option                  the config field of the KL coefficient (its reference model is required when > 0)
+        passes                     sweeps over the micro-batches per update
+        micro_batches(rows, step)  the update's micro-batches, with every log-probability that does not move (step:
+                                   the lineage's optimiser steps before the update)
+        loss(micro_batch, model)   its mean loss in terms, each with its metrics (a generator: `optimise`
+                                   backpropagates a term before asking for the next; forward passes under `compute`)
+        summary(rows, batches)     the update's own metrics beside the optimiser's
 
     compute: a context manager every forward pass runs in (mixed precision's autocast; none by default).
     accelerator: several processes, each with its share of the rows (trainers/distributed.py)."""
@@ -308,7 +309,7 @@ class Trainer:
         with torch.no_grad(), self.compute():
             return completion_logps(self.ref_model, tokens, *args).cpu()
 
-    def micro_batches(self, rows) -> list:
+    def micro_batches(self, rows, step: int = 0) -> list:
         raise NotImplementedError
 
     def loss(self, micro_batch, model) -> Iterator[tuple[torch.Tensor, dict]]:
@@ -321,7 +322,7 @@ class Trainer:
         """One update over `rows` (already selected); returns its metrics. state: where the optimiser starts (the
         parent update's), left holding where it ended."""
         torch.manual_seed(self.config.seed)
-        batches = self.micro_batches(rows)
+        batches = self.micro_batches(rows, state.step if state is not None else 0)
         # The micro-batches hold the reference's log-probabilities: the reference model (a whole model's weights)
         # is not needed while the gradients and AdamW's moments are, the update's largest moment.
         self.ref_model = None

@@ -95,7 +95,7 @@ class RWRTrainer(Trainer):
     def passes(self) -> int:
         return self.config.num_train_epochs
 
-    def micro_batches(self, rows: pl.DataFrame) -> list[MicroBatch]:
+    def micro_batches(self, rows: pl.DataFrame, step: int = 0) -> list[MicroBatch]:
         cfg, tok = self.config, self.tokenizer
         weights = rwr_weights(torch.tensor(rows["env_reward"].to_list()), cfg.weight_temperature) * rows.height
         prompts, generations = supervised_ids(tok, rows["prompt"].to_list(), rows["text"].to_list())
