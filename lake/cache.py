@@ -61,6 +61,7 @@ def limit_bytes() -> int:
 
 
 def size(folder: Path) -> int:
+    """The bytes of the files under `folder`."""
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 

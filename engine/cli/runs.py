@@ -99,7 +99,15 @@ def run(
             from engine.workers import RunInterrupted, run_async
 
             try:
-                engine = run_async(cfg, lake_, servers, say=console.print, phase=phase, resume=resume is not None)
+                engine = run_async(
+                    cfg,
+                    lake_,
+                    servers,
+                    say=console.print,
+                    phase=phase,
+                    resume=resume is not None,
+                    given_bootstrap=bootstrap,
+                )
             except RunInterrupted as exc:  # the run stopped short: exit 1, with the --resume command to continue it
                 err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
                 raise typer.Exit(1) from None

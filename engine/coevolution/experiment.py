@@ -12,7 +12,9 @@ keeps them.
 An ablation's runs keep every checkpoint (a run's epochs stay replayable), about 2.6 GB an epoch at the default: the
 last powered one took 53 GB and filled its disk a minute after it ended (docs/RESULTS.md). So on a local lake, before
 each run after the first, the ablation weighs what the last run wrote, times the runs still to come, against the
-disk's free space, and stops there with one line if they cannot fit, rather than an hour later with a full disk.
+disk's free space, and stops there with one line if they cannot fit, rather than an hour later with a full disk. A
+warm start's checkpoints are weighed apart: the runs that continue one write none (the first estimate, counting the
+shared warm start in every run to come, stopped a 5-seed ablation that fitted).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from lake import Lake, LakeError
+from lake import Lake, LakeError, checkpoint_path
+from lake.cache import size
 
 from .config import MODES, RunConfig
 from .stats import finite as _finite
@@ -78,7 +81,9 @@ def run_seeds(
     results: dict[str, list[dict]] = {mode: [] for mode in modes}
     start_from, initial = (0, 0), None
     runs_left = len(seeds) * (1 + sum(m != "genenv" for m in modes))
-    written = None  # the checkpoint bytes the last run wrote (None before the first, and on a remote lake)
+    warm_starts_left = 1 if share_warm_start else len(seeds)
+    written = None  # the checkpoint bytes the last run wrote past its warm start (None before the first run)
+    warm_bytes = 0  # the checkpoint bytes of a warm start (its agent's and simulator's first versions)
     held = checkpoint_bytes(lake)  # what the checkpoint folders hold now: one walk of them a run, after it
     for seed in seeds:
         if not share_warm_start:
@@ -90,7 +95,7 @@ def run_seeds(
             warm = base.warm_start and start_from == (0, 0)
             config = dataclasses.replace(base, mode=mode, seed=seed, run_id="", warm_start=warm)
             if written is not None:
-                check_room(lake, written, runs_left)
+                check_room(lake, written * runs_left + warm_bytes * warm_starts_left, written, runs_left)
             say(f"[ablation] {mode}, seed {seed}")
             with LakeWriter(lake, servers) as writer:
                 engine = CoEvolution(config, lake, writer, say=say, start_from=start_from, phase=phase)
@@ -101,8 +106,14 @@ def run_seeds(
                 start_from, initial = engine.warm_started, engine.initial_validation
             if held is not None:
                 now = checkpoint_bytes(lake)
-                written, held = now - held, now
+                if warm:  # the runs to come that do not warm-start write none of it
+                    warm_bytes = sum(
+                        size(lake.files.local(checkpoint_path(kind, version)))
+                        for kind, version in zip(("agent", "env"), engine.warm_started, strict=True)
+                    )
+                written, held = now - held - (warm_bytes if warm else 0), now
             runs_left -= 1
+            warm_starts_left -= warm
             if mode not in modes:
                 continue
             results[mode].append(
@@ -134,13 +145,14 @@ def checkpoint_bytes(lake: Lake) -> int | None:
     if lake.files.remote:
         return None
     folder = lake.files.local("checkpoints")
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+    return size(folder) if folder.exists() else 0
 
 
-def check_room(lake: Lake, written: int, runs_left: int) -> None:
-    """LakeError (one line) when the `runs_left` runs still to come, each writing what the last one did (`written`
-    bytes of checkpoints), would not fit in the free space of the local lake's disk."""
-    needed, free = written * runs_left, shutil.disk_usage(lake.files.local("")).free
+def check_room(lake: Lake, needed: int, written: int, runs_left: int) -> None:
+    """LakeError (one line) when the `needed` bytes of checkpoints that the `runs_left` runs still to come would write
+    (each what the last run wrote past its warm start, `written`, and the warm starts still to come) would not fit in
+    the free space of the local lake's disk."""
+    free = shutil.disk_usage(lake.files.local("")).free
     if needed > free:
         raise LakeError(
             f"the ablation's {runs_left} runs still to come would write about {needed / 1e9:.1f} GB of checkpoints "

@@ -34,11 +34,19 @@ class RunInterrupted(RuntimeError):
 
 
 def run_async(
-    config: RunConfig, lake: Lake, bootstrap: str, say=print, timeout_s: float = 3600, phase=None, resume: bool = False
+    config: RunConfig,
+    lake: Lake,
+    bootstrap: str,
+    say=print,
+    timeout_s: float = 3600,
+    phase=None,
+    resume: bool = False,
+    given_bootstrap: str | None = None,
 ) -> CoEvolution:
     """The run, its warm start and first validation done here (as the sync loop does them), the rest by workers.
     resume: continue config.run_id from what the lake holds (resume.py): no warm start; the validation before
-    training is measured again on the run's first agent checkpoint."""
+    training is measured again on the run's first agent checkpoint. given_bootstrap: the broker the user named, which
+    the command to resume names again; None where the run started its own (a resume starts a fresh one)."""
     if resume:
         engine = CoEvolution(config, lake, None, say, run_id=config.run_id, phase=phase)
         engine.rollouts.load(lake, run_version(lake, "agent", config.run_id, first=True))
@@ -72,6 +80,7 @@ def run_async(
     supervisor.start(f"ingest-{run_id}", "ingest", ["ingest", *common, "--max-batch-ms", "500"])
     deadline = time.monotonic() + (timeout_s if config.epochs else float("inf"))  # epochs 0: until stopped
     resume_line = f"genenv run --async --resume {run_id} --lake {lake.root}"
+    resume_line += f" --bootstrap {given_bootstrap}" if given_bootstrap else ""
 
     def wait(until, what: str) -> None:
         asked = time.monotonic()
