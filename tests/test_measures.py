@@ -259,17 +259,36 @@ def test_an_ablations_later_modes_keep_the_ptx_term_of_the_shared_warm_start(bro
     """The modes after the first continue its warm start, and their GRPO updates hold the PPO-ptx term on that warm
     start's reference answers: with their own run's rows as the anchor they had none (ptx_rows 0), and in the
     ablation of the e30 default genenv-random's agent then fell from 0.43 to 0.22 (docs/RESULTS.md). seeds-only
-    as the later mode: its tasks are valid whatever the tiny simulator writes, so it has updates to look at."""
+    as the later mode: its tasks are valid whatever the tiny simulator writes, so it has updates to look at.
+
+    Before the later mode the ablation weighs the disk it will need: what the first run wrote past its warm start,
+    which the later run continues and does not write again (counting it stopped a 5-seed ablation that fitted)."""
     from engine.coevolution import run_ablation
+    from lake import checkpoint_path
+    from lake.cache import size
 
     base = load_config("quick", None, ["epochs=1", "warm_start_epochs=10"])
-    run_ablation(base, 1, lake, broker.bootstrap, tmp_path, say=lambda *_: None, modes=("genenv", "seeds-only"))
+    said = []
+    run_ablation(base, 1, lake, broker.bootstrap, tmp_path, say=said.append, modes=("genenv", "seeds-only"))
+    first = json.loads((tmp_path / "runs.json").read_text())["genenv"][0]
     (later,) = json.loads((tmp_path / "runs.json").read_text())["seeds-only"]
-    updates = read_table(lake, "registry/checkpoints").filter(
-        (pl.col("model_kind") == "agent") & (pl.col("run_id") == later["run_id"])
-    )
+    registry = read_table(lake, "registry/checkpoints")
+    updates = registry.filter((pl.col("model_kind") == "agent") & (pl.col("run_id") == later["run_id"]))
     ptx = [json.loads(m)["ptx_rows"] for m in updates["metrics_json"]]
     assert ptx and all(ptx), ptx
+
+    def written(rows: pl.DataFrame) -> int:
+        return sum(
+            size(lake.files.local(checkpoint_path(kind, v))) for kind, v in rows.select("model_kind", "version").rows()
+        )
+
+    mine = registry.filter(pl.col("run_id") == first["run_id"])
+    warm = mine.filter(pl.col("metrics_json").str.contains('"warm_start": true'))
+    past_warm_start = written(mine) - written(warm)
+    assert written(warm) > 0  # (the tiny simulator's tasks may leave the first run no update past it: 0 bytes)
+    (line,) = [text for text in said if text.startswith("[ablation] seeds-only")]
+    estimate = float(line.split("about ")[1].split(" GB")[0]) * 1e9  # 3 significant figures
+    assert estimate == pytest.approx(past_warm_start, rel=0.01, abs=1000), (line, past_warm_start, written(warm))
 
 
 @pytest.mark.e2e

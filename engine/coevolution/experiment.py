@@ -94,9 +94,13 @@ def run_seeds(
             # from.
             warm = base.warm_start and start_from == (0, 0)
             config = dataclasses.replace(base, mode=mode, seed=seed, run_id="", warm_start=warm)
+            line = f"[ablation] {mode}, seed {seed}"
             if written is not None:
-                check_room(lake, written * runs_left + warm_bytes * warm_starts_left, written, runs_left)
-            say(f"[ablation] {mode}, seed {seed}")
+                needed = written * runs_left + warm_bytes * warm_starts_left
+                free = check_room(lake, needed, written, runs_left)
+                line += f" (the {runs_left} runs to come: about {needed / 1e9:.3g} GB of checkpoints, "
+                line += f"{free / 1e9:.3g} GB free)"
+            say(line)
             with LakeWriter(lake, servers) as writer:
                 engine = CoEvolution(config, lake, writer, say=say, start_from=start_from, phase=phase)
                 if initial is not None:  # the same models as the seed's first run: its validation holds
@@ -148,10 +152,10 @@ def checkpoint_bytes(lake: Lake) -> int | None:
     return size(folder) if folder.exists() else 0
 
 
-def check_room(lake: Lake, needed: int, written: int, runs_left: int) -> None:
+def check_room(lake: Lake, needed: int, written: int, runs_left: int) -> int:
     """LakeError (one line) when the `needed` bytes of checkpoints that the `runs_left` runs still to come would write
     (each what the last run wrote past its warm start, `written`, and the warm starts still to come) would not fit in
-    the free space of the local lake's disk."""
+    the free space of the local lake's disk; else that free space, in bytes."""
     free = shutil.disk_usage(lake.files.local("")).free
     if needed > free:
         raise LakeError(
@@ -160,6 +164,7 @@ def check_room(lake: Lake, needed: int, written: int, runs_left: int) -> None:
             "stopped before it fills; give it a lake with room (--lake) or fewer --seeds (the runs done are in "
             "runs.json)"
         )
+    return free
 
 
 def write_answers(path: Path, answers: list[dict]) -> None:
