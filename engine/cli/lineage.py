@@ -13,7 +13,7 @@ from lake import Lake
 
 from .app import app, audit_app
 from .options import JsonOpt, LakeOpt, RunOpt, UserError, check_port
-from .render import console, phases, replay_tables, show
+from .render import console, phases, replay_tables, say, show
 
 
 @audit_app.command("task")
@@ -87,7 +87,7 @@ def replay(
         raise UserError(f"--scratch {scratch} is a file; name a new folder")
     lake_ = Lake(lake, create=False)
     with phases() as phase:
-        result = replay_epoch(lake_, epoch, run, scratch, rescore, say=console.print, phase=phase)
+        result = replay_epoch(lake_, epoch, run, scratch, rescore, say=say, phase=phase)
     if as_json:
         print(json.dumps({**dataclasses.asdict(result), "ok": result.ok}, indent=2, default=str))
     else:

@@ -1,7 +1,8 @@
 """What commands print: rich tables, JSON answers and progress bars, apart from what the commands do.
 
 Each `*_table` takes what an engine function returned and gives a rich Table; `show` prints an audit-style answer
-as JSON or as a two-column table. Commands print with `console` (stdout) and report errors on `err` (stderr).
+as JSON or as a two-column table. Commands print with `console` (stdout), the engine's progress lines with `say`,
+and report errors on `err` (stderr).
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ from rich.table import Table
 
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
+
+
+def say(line: str) -> None:
+    """A progress line from the engine, printed as written: its text is not rich markup (an ablation's
+    "[ablation] genenv, seed 0" printed as " genenv, seed 0")."""
+    console.print(line, markup=False)
 
 
 def table(title: str, columns: list[str] | tuple[str, ...], rows, numbers: int = 0, **options) -> Table:

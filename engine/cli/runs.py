@@ -26,7 +26,7 @@ from .options import (
     check_output_folder,
     check_positive,
 )
-from .render import console, err, phases, run_summary, table
+from .render import console, err, phases, run_summary, say, table
 
 
 @app.command()
@@ -103,7 +103,7 @@ def run(
                     cfg,
                     lake_,
                     servers,
-                    say=console.print,
+                    say=say,
                     phase=phase,
                     resume=resume is not None,
                     given_bootstrap=bootstrap,
@@ -118,7 +118,7 @@ def run(
             engine = None
             try:
                 with LakeWriter(lake_, servers) as writer:
-                    engine = CoEvolution(cfg, lake_, writer, say=console.print, phase=phase)
+                    engine = CoEvolution(cfg, lake_, writer, say=say, phase=phase)
                     metrics = engine.resume() if resume else engine.run()
             except KafkaError as exc:  # the broker went away mid-run: exit 1, with the command to continue it
                 if engine is None:
@@ -273,7 +273,7 @@ def ablation(
             lake_,
             servers,
             folder,
-            say=console.print,
+            say=say,
             modes=chosen,
             phase=phase,
             measure=with_measures,
@@ -320,4 +320,4 @@ def worker(
         check_machine(cfg)
     lake_ = Lake(lake, create=False)
     with kafka_bootstrap(bootstrap) as servers:
-        role_worker(role, cfg, lake_, servers, run_id, say=console.print).run(stop=supervisor_gone)
+        role_worker(role, cfg, lake_, servers, run_id, say=say).run(stop=supervisor_gone)
