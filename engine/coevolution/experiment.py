@@ -82,7 +82,7 @@ def run_seeds(
     start_from, initial = (0, 0), None
     runs_left = len(seeds) * (1 + sum(m != "genenv" for m in modes))
     warm_starts_left = 1 if share_warm_start else len(seeds)
-    written = None  # the checkpoint bytes the last run wrote past its warm start (None before the first run)
+    written = None  # the checkpoint bytes the last run wrote past its warm start (None before the first, and remote)
     warm_bytes = 0  # the checkpoint bytes of a warm start (its agent's and simulator's first versions)
     held = checkpoint_bytes(lake)  # what the checkpoint folders hold now: one walk of them a run, after it
     for seed in seeds:
@@ -160,7 +160,8 @@ def check_room(lake: Lake, needed: int, written: int, runs_left: int) -> int:
     if needed > free:
         raise LakeError(
             f"the ablation's {runs_left} runs still to come would write about {needed / 1e9:.1f} GB of checkpoints "
-            f"(the last run wrote {written / 1e9:.1f} GB) and the disk of {lake.root} has {free / 1e9:.1f} GB free: "
+            f"(the last run wrote {written / 1e9:.1f} GB past its warm start) and the disk of {lake.root} has "
+            f"{free / 1e9:.1f} GB free: "
             "stopped before it fills; give it a lake with room (--lake) or fewer --seeds (the runs done are in "
             "runs.json)"
         )
